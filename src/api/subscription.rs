@@ -1,0 +1,441 @@
+//! `WebhookSubscription`: one receiver URL, the event types it wants, how to sign and how
+//! hard to try. Spec is what the tenant asks for; status is what herald observed.
+// kube's printcolumn(...) entries repeat `type_ = ...` by design; clippy mistakes that for
+// a duplicated attribute.
+#![allow(clippy::duplicated_attributes)]
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use kube::{CustomResource, KubeSchema};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use super::duration::{Duration, literal};
+
+/// Header names herald sets itself; a static header may not override them.
+pub const RESERVED_HEADERS: &[&str] = &[
+    "content-type",
+    "content-length",
+    "host",
+    "transfer-encoding",
+    "connection",
+    "user-agent",
+    "webhook-id",
+    "webhook-timestamp",
+    "webhook-signature",
+    "herald-signature",
+    "herald-event-id",
+    "herald-event-type",
+    "herald-attempt",
+];
+
+/// A webhook subscription: herald POSTs every event published in this namespace whose type
+/// matches `eventTypes` to `url`, signed with the referenced secret, retrying transient
+/// failures and dead-lettering the rest.
+#[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[kube(
+    group = "herald.dev",
+    version = "v1alpha1",
+    kind = "WebhookSubscription",
+    plural = "webhooksubscriptions",
+    singular = "webhooksubscription",
+    shortname = "whsub",
+    category = "herald",
+    namespaced,
+    status = "WebhookSubscriptionStatus",
+    derive = "PartialEq",
+    doc = "A webhook subscription: herald POSTs each matching event of this namespace to spec.url, signed, with retries and dead-lettering.",
+    printcolumn(name = "URL", type_ = "string", json_path = ".spec.url"),
+    printcolumn(
+        name = "Ready",
+        type_ = "string",
+        json_path = ".status.conditions[?(@.type==\"Ready\")].status"
+    ),
+    printcolumn(
+        name = "Pending",
+        type_ = "integer",
+        json_path = ".status.pendingAttempts"
+    ),
+    printcolumn(
+        name = "Last Status",
+        type_ = "string",
+        json_path = ".status.lastAttempt.outcome"
+    ),
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    )
+)]
+#[serde(rename_all = "camelCase")]
+pub struct WebhookSubscriptionSpec {
+    /// The receiver's URL. herald POSTs each event here. Must be an absolute http or https
+    /// URL without user info; private and loopback addresses are refused at delivery time
+    /// unless the operator's egress allow-list opens them.
+    #[schemars(length(min = 1, max = 2048))]
+    #[x_kube(
+        validation = Rule::new("isURL(self) && url(self).getScheme() in ['http', 'https'] && url(self).getHostname() != ''").message("must be an absolute http:// or https:// URL with a host"),
+        validation = Rule::new("!self.contains('@')").message("must not carry user info (user:password@); put credentials in a signing secret instead")
+    )]
+    pub url: String,
+
+    /// Event types this subscription receives: exact names ("invoice.paid"), prefix globs
+    /// ending in ".*" ("invoice.*" matches "invoice.paid" and "invoice.line.added"), or "*"
+    /// for every event of the namespace.
+    #[schemars(
+        length(min = 1, max = 64),
+        inner(
+            length(min = 1, max = 253),
+            regex(pattern = r"^(\*|[A-Za-z0-9_][A-Za-z0-9_.:/-]*(\.\*)?)$")
+        )
+    )]
+    pub event_types: Vec<String>,
+
+    /// How each delivery is signed.
+    pub signing: SigningSpec,
+
+    /// Timeouts, lane width and retry policy.
+    #[serde(default)]
+    pub delivery: DeliveryPolicy,
+
+    /// Static, non-secret headers added to every request (for example a routing key). Names
+    /// herald sets itself (content-type, webhook-*, herald-*, host, ...) are refused. Do not
+    /// put credentials here: specs are readable by anyone who can read the object.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(length(max = 32))]
+    #[x_kube(
+        validation = Rule::new("self.all(k, k.matches('^[A-Za-z0-9!#$%&*+.^_|~-]+$'))").message("header names must be HTTP tokens"),
+        validation = Rule::new("self.all(k, !(k.lowerAscii() in ['content-type', 'content-length', 'host', 'transfer-encoding', 'connection', 'user-agent', 'webhook-id', 'webhook-timestamp', 'webhook-signature', 'herald-signature', 'herald-event-id', 'herald-event-type', 'herald-attempt']))").message("headers herald sets itself cannot be overridden"),
+        validation = Rule::new("self.all(k, size(self[k]) <= 4096 && !self[k].contains('\\n') && !self[k].contains('\\r'))").message("header values must be at most 4096 characters on one line")
+    )]
+    pub headers: BTreeMap<String, String>,
+
+    /// Stop starting new attempts while true. Events published meanwhile are kept as pending
+    /// attempts and delivered once unpaused.
+    #[serde(default)]
+    pub paused: bool,
+
+    /// After this many consecutive failed attempts the subscription is disabled (condition
+    /// Disabled=True, a Kubernetes Event) until it is re-enabled. 0 never disables.
+    #[serde(default = "default_disable_after")]
+    #[schemars(range(min = 0, max = 100000))]
+    pub disable_after_consecutive_failures: u32,
+}
+
+fn default_disable_after() -> u32 {
+    100
+}
+
+/// The signature scheme of every request.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "kebab-case")]
+pub enum SigningScheme {
+    /// Standard Webhooks v1: headers webhook-id, webhook-timestamp and webhook-signature
+    /// ("v1,<base64 HMAC-SHA256 of id.timestamp.body>"); the secret is "whsec_<base64>".
+    #[default]
+    StandardWebhooks,
+    /// Stripe-compatible: one header (default Herald-Signature) "t=<unix>,v1=<hex HMAC-SHA256
+    /// of t.body>"; the secret string is the HMAC key as is.
+    Stripe,
+}
+
+/// Signing settings. Every attempt is signed; secrets are read from Secrets in the
+/// subscription's namespace and never logged.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SigningSpec {
+    /// standard-webhooks (default) or stripe.
+    #[serde(default)]
+    pub scheme: SigningScheme,
+
+    /// The Secret key holding the current signing secret.
+    pub secret_ref: SecretKeyRef,
+
+    /// Further secrets to sign with at the same time, while receivers move from an old
+    /// secret to a new one: each request carries one signature per secret.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 4))]
+    pub additional_secret_refs: Vec<SecretKeyRef>,
+
+    /// Header name for the stripe scheme (default Herald-Signature). Ignored by
+    /// standard-webhooks, whose header names are fixed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(
+        length(min = 1, max = 128),
+        regex(pattern = r"^[A-Za-z0-9!#$%&*+.^_|~-]+$")
+    )]
+    pub header: Option<String>,
+}
+
+/// A key of a Secret in the subscription's own namespace.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SecretKeyRef {
+    /// Name of the Secret, in the subscription's namespace.
+    #[schemars(length(min = 1, max = 253))]
+    pub name: String,
+    /// Key within the Secret's data.
+    #[schemars(length(min = 1, max = 253))]
+    pub key: String,
+}
+
+/// How attempts are made.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct DeliveryPolicy {
+    /// Per-attempt timeout, from connect to the end of the response (default 10s, at most
+    /// 5m). A timeout is a transient failure.
+    #[serde(default = "default_timeout")]
+    #[x_kube(validation = Rule::new("duration(self) >= duration('100ms') && duration(self) <= duration('5m')").message("must be between 100ms and 5m"))]
+    pub timeout: Duration,
+
+    /// Lane width: how many attempts to this subscription may be on the wire at once. 1
+    /// (the default) delivers in publish order, one at a time.
+    #[serde(default = "default_max_in_flight")]
+    #[schemars(range(min = 1, max = 256))]
+    pub max_in_flight: u32,
+
+    /// When and how often to try again after a transient failure.
+    #[serde(default)]
+    pub retry: RetryPolicy,
+
+    /// Upper bound on a receiver's Retry-After (seconds or HTTP date); a longer one is
+    /// cut to this (default 1h).
+    #[serde(default = "default_retry_after_cap")]
+    #[x_kube(validation = Rule::new("duration(self) <= duration('72h')").message("must be at most 72h"))]
+    pub retry_after_cap: Duration,
+}
+
+impl Default for DeliveryPolicy {
+    fn default() -> Self {
+        Self {
+            timeout: default_timeout(),
+            max_in_flight: default_max_in_flight(),
+            retry: RetryPolicy::default(),
+            retry_after_cap: default_retry_after_cap(),
+        }
+    }
+}
+
+fn default_timeout() -> Duration {
+    literal("10s")
+}
+fn default_max_in_flight() -> u32 {
+    1
+}
+fn default_retry_after_cap() -> Duration {
+    literal("1h")
+}
+
+/// Exponential backoff with full jitter: the n-th retry waits a random time between 0 and
+/// min(maxBackoff, initialBackoff * 2^(n-1)), bounded by maxAttempts and maxDuration.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("duration(self.initialBackoff) <= duration(self.maxBackoff)").message("initialBackoff must not exceed maxBackoff"))]
+pub struct RetryPolicy {
+    /// Total attempts per event, the first included (default 20). 1 means never retry.
+    #[serde(default = "default_max_attempts")]
+    #[schemars(range(min = 1, max = 1000))]
+    pub max_attempts: u32,
+
+    /// No retry starts later than this after the event was published (default 72h); then
+    /// the attempt is dead-lettered.
+    #[serde(default = "default_max_duration")]
+    #[x_kube(validation = Rule::new("duration(self) >= duration('1s') && duration(self) <= duration('720h')").message("must be between 1s and 720h"))]
+    pub max_duration: Duration,
+
+    /// Backoff ceiling of the first retry (default 1s).
+    #[serde(default = "default_initial_backoff")]
+    #[x_kube(validation = Rule::new("duration(self) >= duration('10ms') && duration(self) <= duration('24h')").message("must be between 10ms and 24h"))]
+    pub initial_backoff: Duration,
+
+    /// Largest backoff ceiling of any retry (default 1h).
+    #[serde(default = "default_max_backoff")]
+    #[x_kube(validation = Rule::new("duration(self) >= duration('10ms') && duration(self) <= duration('72h')").message("must be between 10ms and 72h"))]
+    pub max_backoff: Duration,
+}
+
+impl Default for RetryPolicy {
+    fn default() -> Self {
+        Self {
+            max_attempts: default_max_attempts(),
+            max_duration: default_max_duration(),
+            initial_backoff: default_initial_backoff(),
+            max_backoff: default_max_backoff(),
+        }
+    }
+}
+
+fn default_max_attempts() -> u32 {
+    20
+}
+fn default_max_duration() -> Duration {
+    literal("72h")
+}
+fn default_initial_backoff() -> Duration {
+    literal("1s")
+}
+fn default_max_backoff() -> Duration {
+    literal("1h")
+}
+
+/// What herald observed about the subscription.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct WebhookSubscriptionStatus {
+    /// The spec generation this status describes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+
+    /// Ready (deliveries can start), Disabled (auto-disabled after consecutive failures),
+    /// Degraded (recent transient failures) and the reasons behind them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(schema_with = "super::conditions_schema")]
+    pub conditions: Vec<Condition>,
+
+    /// The virtual shard the subscription hashes onto; the replica that owns it delivers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shard: Option<u32>,
+
+    /// Attempts waiting to start (due now or scheduled for retry).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pending_attempts: Option<u64>,
+
+    /// The most recent finished attempt.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_attempt: Option<LastAttempt>,
+
+    /// Running totals since the subscription was created.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub counters: Option<SubscriptionCounters>,
+
+    /// Failed attempts since the last success; reaching spec.disableAfterConsecutiveFailures
+    /// disables the subscription.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub consecutive_failures: Option<u32>,
+}
+
+/// One finished attempt, summarised.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct LastAttempt {
+    /// When the attempt finished.
+    pub time: Time,
+    /// Accepted, Transient or Terminal.
+    pub outcome: String,
+    /// The receiver's HTTP status, absent when no response arrived.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub status_code: Option<u16>,
+    /// From the start of the request to the end of the response, in milliseconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub latency_ms: Option<u64>,
+    /// What happened, for a person (for example "connect timeout after 10s").
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+}
+
+/// Running totals of attempts.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SubscriptionCounters {
+    /// Attempts the receiver accepted (2xx).
+    #[serde(default)]
+    pub delivered: u64,
+    /// Attempts that failed, transient or terminal.
+    #[serde(default)]
+    pub failed: u64,
+    /// Events given up on and kept as dead letters.
+    #[serde(default)]
+    pub dead_lettered: u64,
+}
+
+impl WebhookSubscriptionSpec {
+    /// Whether an event type is selected by `eventTypes`.
+    pub fn matches(&self, event_type: &str) -> bool {
+        self.event_types
+            .iter()
+            .any(|pattern| event_type_matches(pattern, event_type))
+    }
+}
+
+/// One `eventTypes` entry against one event type: "*" matches all, "a.*" matches every type
+/// starting with "a." (not "a" itself), anything else must be equal.
+pub fn event_type_matches(pattern: &str, event_type: &str) -> bool {
+    if pattern == "*" {
+        return true;
+    }
+    match pattern.strip_suffix('*') {
+        Some(prefix) if prefix.ends_with('.') => {
+            event_type.len() > prefix.len() && event_type.starts_with(prefix)
+        }
+        _ => pattern == event_type,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn globs_match_by_prefix_and_exact_names_match_exactly() {
+        assert!(event_type_matches("*", "anything"));
+        assert!(event_type_matches("invoice.*", "invoice.paid"));
+        assert!(event_type_matches("invoice.*", "invoice.line.added"));
+        assert!(!event_type_matches("invoice.*", "invoice"));
+        assert!(!event_type_matches("invoice.*", "invoice."));
+        assert!(!event_type_matches("invoice.*", "invoices.paid"));
+        assert!(event_type_matches("invoice.paid", "invoice.paid"));
+        assert!(!event_type_matches("invoice.paid", "invoice.paid.late"));
+        assert!(!event_type_matches("invoice.paid", "invoice.*"));
+    }
+
+    #[test]
+    fn a_minimal_manifest_gets_every_default() {
+        let spec: WebhookSubscriptionSpec = serde_json::from_value(serde_json::json!({
+            "url": "https://example.com/hook",
+            "eventTypes": ["invoice.*"],
+            "signing": {"secretRef": {"name": "s", "key": "k"}}
+        }))
+        .unwrap();
+        assert_eq!(spec.signing.scheme, SigningScheme::StandardWebhooks);
+        assert_eq!(spec.delivery, DeliveryPolicy::default());
+        assert_eq!(
+            spec.delivery.retry.max_duration.get(),
+            std::time::Duration::from_secs(72 * 3600)
+        );
+        assert_eq!(spec.delivery.max_in_flight, 1);
+        assert!(!spec.paused);
+        assert!(spec.matches("invoice.paid"));
+        assert!(!spec.matches("customer.created"));
+    }
+
+    #[test]
+    fn durations_read_kubernetes_style_strings() {
+        let policy: RetryPolicy = serde_json::from_value(serde_json::json!({
+            "maxDuration": "1h30m", "initialBackoff": "250ms", "maxBackoff": "5m"
+        }))
+        .unwrap();
+        assert_eq!(
+            policy.max_duration.get(),
+            std::time::Duration::from_secs(5400)
+        );
+        assert_eq!(
+            policy.initial_backoff.get(),
+            std::time::Duration::from_millis(250)
+        );
+        assert_eq!(policy.max_attempts, 20);
+    }
+
+    #[test]
+    fn reserved_header_list_matches_the_schema_rule() {
+        let crd = serde_json::to_string(&<WebhookSubscription as kube::CustomResourceExt>::crd())
+            .unwrap();
+        for name in RESERVED_HEADERS {
+            assert!(
+                crd.contains(&format!("'{name}'")),
+                "{name} missing from the CEL rule"
+            );
+        }
+    }
+}

@@ -1,0 +1,189 @@
+//! The `herald` command line: one binary, one subcommand per job.
+
+use std::io::{Read, Write};
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use anyhow::Context;
+use clap::{Parser, Subcommand, ValueEnum};
+
+use crate::api::{SigningScheme, crdgen};
+use crate::signing::{DEFAULT_TOLERANCE, Signer};
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "herald",
+    version,
+    about = "Delivers signed webhooks from Kubernetes"
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Print every CustomResourceDefinition as YAML (what crds/ holds).
+    Crds,
+    /// Print the signature headers herald would send for a body, one `Name: value` a line.
+    Sign(SignArgs),
+    /// Check a received request's signature headers; exit 0 when valid, 1 with the reason.
+    Verify(VerifyArgs),
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug)]
+enum SchemeArg {
+    StandardWebhooks,
+    Stripe,
+}
+
+impl From<SchemeArg> for SigningScheme {
+    fn from(value: SchemeArg) -> Self {
+        match value {
+            SchemeArg::StandardWebhooks => SigningScheme::StandardWebhooks,
+            SchemeArg::Stripe => SigningScheme::Stripe,
+        }
+    }
+}
+
+#[derive(clap::Args, Debug)]
+struct SchemeArgs {
+    /// Signature scheme.
+    #[arg(long, value_enum, default_value = "standard-webhooks")]
+    scheme: SchemeArg,
+    /// Signing secret; repeat it while rotating (each secret adds a signature).
+    #[arg(
+        long = "secret",
+        required = true,
+        env = "HERALD_SECRET",
+        hide_env_values = true
+    )]
+    secrets: Vec<String>,
+    /// Header name of the stripe scheme.
+    #[arg(long, default_value = crate::signing::stripe::DEFAULT_HEADER)]
+    signature_header: String,
+    /// The request body, or - for standard input.
+    #[arg(long)]
+    body_file: PathBuf,
+}
+
+impl SchemeArgs {
+    fn signer(&self) -> anyhow::Result<Signer> {
+        Ok(Signer::new(
+            self.scheme.into(),
+            &self.secrets,
+            Some(&self.signature_header),
+        )?)
+    }
+
+    fn body(&self) -> anyhow::Result<Vec<u8>> {
+        let mut body = Vec::new();
+        if self.body_file.as_os_str() == "-" {
+            std::io::stdin().read_to_end(&mut body)?;
+        } else {
+            body = std::fs::read(&self.body_file)
+                .with_context(|| format!("reading {}", self.body_file.display()))?;
+        }
+        Ok(body)
+    }
+}
+
+#[derive(clap::Args, Debug)]
+struct SignArgs {
+    #[command(flatten)]
+    scheme: SchemeArgs,
+    /// The event id (webhook-id).
+    #[arg(long)]
+    id: String,
+    /// Unix time in seconds; now when omitted.
+    #[arg(long)]
+    timestamp: Option<i64>,
+}
+
+#[derive(clap::Args, Debug)]
+struct VerifyArgs {
+    #[command(flatten)]
+    scheme: SchemeArgs,
+    /// A received header as `Name: value`; repeat for each.
+    #[arg(long = "header", value_parser = parse_header)]
+    headers: Vec<(String, String)>,
+    /// The verifier's clock as Unix seconds; the system clock when omitted.
+    #[arg(long)]
+    now: Option<i64>,
+    /// Largest accepted distance between the signature's timestamp and now, in seconds.
+    #[arg(long, default_value_t = DEFAULT_TOLERANCE.as_secs())]
+    tolerance: u64,
+}
+
+fn parse_header(raw: &str) -> Result<(String, String), String> {
+    let (name, value) = raw
+        .split_once(':')
+        .ok_or_else(|| format!("{raw:?} is not of the form 'Name: value'"))?;
+    Ok((name.trim().to_string(), value.trim().to_string()))
+}
+
+fn unix_now() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs() as i64)
+        .unwrap_or_default()
+}
+
+impl Cli {
+    pub fn run(self) -> ExitCode {
+        let result = match self.command {
+            Command::Crds => crds(),
+            Command::Sign(args) => sign(args),
+            Command::Verify(args) => return verify(args),
+        };
+        match result {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(error) => {
+                eprintln!("herald: {error:#}");
+                ExitCode::FAILURE
+            }
+        }
+    }
+}
+
+fn crds() -> anyhow::Result<()> {
+    std::io::stdout().write_all(crdgen::render_all()?.as_bytes())?;
+    Ok(())
+}
+
+fn sign(args: SignArgs) -> anyhow::Result<()> {
+    let signer = args.scheme.signer()?;
+    let body = args.scheme.body()?;
+    let timestamp = args.timestamp.unwrap_or_else(unix_now);
+    let mut out = std::io::stdout().lock();
+    for (name, value) in signer.sign(&args.id, timestamp, &body) {
+        writeln!(out, "{name}: {value}")?;
+    }
+    Ok(())
+}
+
+fn verify(args: VerifyArgs) -> ExitCode {
+    let outcome = (|| -> anyhow::Result<()> {
+        let signer = args.scheme.signer()?;
+        let body = args.scheme.body()?;
+        let headers = args.headers.iter().map(|(n, v)| (n.as_str(), v.as_str()));
+        signer.verify(
+            headers,
+            &body,
+            args.now.unwrap_or_else(unix_now),
+            Duration::from_secs(args.tolerance),
+        )?;
+        Ok(())
+    })();
+    match outcome {
+        Ok(()) => {
+            println!("valid");
+            ExitCode::SUCCESS
+        }
+        Err(error) => {
+            eprintln!("invalid: {error:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,7 @@
+//! herald: a Kubernetes operator that delivers signed webhooks with retries, dead-lettering
+//! and strict isolation between subscriptions and between tenants.
+#![forbid(unsafe_code)]
+
+pub mod api;
+pub mod cli;
+pub mod signing;
