@@ -1,0 +1,12 @@
+# herald: one static-ish binary on a small base image.
+FROM rust:1.95-bookworm AS build
+WORKDIR /src
+COPY Cargo.toml Cargo.lock ./
+COPY src ./src
+RUN cargo build --release --locked --bin herald
+
+FROM gcr.io/distroless/cc-debian12:nonroot
+COPY --from=build /src/target/release/herald /usr/local/bin/herald
+USER nonroot
+ENTRYPOINT ["/usr/local/bin/herald"]
+CMD ["run"]

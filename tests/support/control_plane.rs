@@ -1,0 +1,110 @@
+//! A real control plane (etcd, kube-apiserver, kube-controller-manager) for tests, started
+//! and stopped through `scripts/control-plane`, the one implementation the demo and the
+//! Python tests use too. Dropping the handle tears it down, also when a test panics.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::atomic::{AtomicU32, Ordering};
+
+pub struct ControlPlane {
+    dir: PathBuf,
+    pub kubeconfig: PathBuf,
+    pub bin: PathBuf,
+}
+
+fn repo() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+}
+
+impl ControlPlane {
+    /// Starts a control plane with herald's CRDs installed and Established. Returns None,
+    /// with a note on stderr, only when HERALD_SKIP_CONTROL_PLANE=1; otherwise a failure to
+    /// start fails the test.
+    pub fn start() -> Option<Self> {
+        if std::env::var("HERALD_SKIP_CONTROL_PLANE").as_deref() == Ok("1") {
+            eprintln!("HERALD_SKIP_CONTROL_PLANE=1: skipping a test that needs a control plane");
+            return None;
+        }
+        static SEQ: AtomicU32 = AtomicU32::new(0);
+        let dir = std::env::temp_dir().join(format!(
+            "herald-cp-{}-{}",
+            std::process::id(),
+            SEQ.fetch_add(1, Ordering::Relaxed)
+        ));
+        let script = repo().join("scripts/control-plane");
+        let output = Command::new(&script)
+            .arg("up")
+            .arg("--dir")
+            .arg(&dir)
+            .arg("--crds")
+            .arg(repo().join("crds"))
+            .output()
+            .expect("running scripts/control-plane up");
+        // Built before `up` can fail, so the handle tears down whatever did start.
+        let bin = String::from_utf8(
+            Command::new(&script)
+                .arg("env")
+                .output()
+                .expect("control-plane env")
+                .stdout,
+        )
+        .unwrap();
+        let plane = Self {
+            kubeconfig: dir.join("kubeconfig"),
+            bin: PathBuf::from(bin.trim()),
+            dir,
+        };
+        assert!(
+            output.status.success(),
+            "control plane did not start:\n{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        Some(plane)
+    }
+
+    /// A kube-rs client with the admin credential.
+    pub async fn client(&self) -> kube::Client {
+        let kubeconfig = kube::config::Kubeconfig::read_from(&self.kubeconfig).unwrap();
+        let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
+            .await
+            .unwrap();
+        kube::Client::try_from(config).unwrap()
+    }
+
+    /// Runs the pinned kubectl against this control plane.
+    pub fn kubectl(&self, args: &[&str]) -> Output {
+        Command::new(self.bin.join("kubectl"))
+            .args(args)
+            .env("KUBECONFIG", &self.kubeconfig)
+            .env("KUBECACHEDIR", self.dir.join("kube-cache"))
+            .output()
+            .expect("running kubectl")
+    }
+
+    /// kubectl that must succeed; returns stdout.
+    pub fn kubectl_ok(&self, args: &[&str]) -> String {
+        let out = self.kubectl(args);
+        assert!(
+            out.status.success(),
+            "kubectl {args:?} failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap()
+    }
+}
+
+impl Drop for ControlPlane {
+    fn drop(&mut self) {
+        let status = Command::new(repo().join("scripts/control-plane"))
+            .arg("down")
+            .arg("--dir")
+            .arg(&self.dir)
+            .status();
+        if !matches!(status, Ok(s) if s.success()) {
+            eprintln!(
+                "control plane teardown in {} failed: {status:?}",
+                self.dir.display()
+            );
+        }
+    }
+}

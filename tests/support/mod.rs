@@ -1,0 +1,1 @@
+pub mod control_plane;
