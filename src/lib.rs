@@ -5,3 +5,4 @@
 pub mod api;
 pub mod cli;
 pub mod signing;
+pub mod store;

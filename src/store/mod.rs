@@ -1,0 +1,263 @@
+//! The store: events, one delivery per (event, subscription), attempt history, and the
+//! subscription rows that fence every attempt. Pending work lives here, not in memory.
+//!
+//! Backends implement [`Store`]; the embedded SQLite backend ([`sqlite`]) is the default.
+//! Every backend runs the same test suite ([`suite`]).
+//!
+//! The B1 fence: [`Store::claim_next`] marks a delivery in flight only if its subscription
+//! row is live, enabled and unpaused, in the same transaction. [`Store::remove_subscription`]
+//! purges the subscription's unfinished deliveries and tombstones its row in one
+//! transaction, so once it returns no claim for that subscription can ever succeed again:
+//! not from a lane that still has it in memory, not from a retry timer, not after a restart,
+//! and not from a stale cache that upserts it again.
+
+pub mod sqlite;
+#[cfg(test)]
+pub(crate) mod suite;
+
+use async_trait::async_trait;
+use serde::Serialize;
+
+/// Responses longer than this are cut in the attempt history.
+pub const EXCERPT_BYTES: usize = 512;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("the store is unavailable: {0}")]
+    Unavailable(String),
+    #[error("store error: {0}")]
+    Backend(String),
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// What the store knows of a subscription. `uid` is the Kubernetes object's uid (or, in
+/// standalone mode, one made when the subscription first appeared).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SubscriptionRecord {
+    pub uid: String,
+    pub namespace: String,
+    pub name: String,
+    /// Paused by spec, or not deliverable (its secret is missing): no claim succeeds.
+    pub paused: bool,
+    /// Disable after this many consecutive failures; 0 never.
+    pub disable_after: u32,
+}
+
+/// Counters and flags kept with the subscription row.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SubscriptionState {
+    pub live: bool,
+    pub disabled: bool,
+    pub consecutive_failures: u32,
+    pub delivered: u64,
+    pub failed: u64,
+    pub dead_lettered: u64,
+    pub pending: u64,
+}
+
+/// An event to store, with the body every attempt will send (built once, so retries send
+/// the same bytes under the same id).
+#[derive(Clone, Debug)]
+pub struct NewEvent {
+    pub namespace: String,
+    pub event_id: String,
+    pub event_type: String,
+    pub body: Vec<u8>,
+    pub published_ms: i64,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PublishResult {
+    pub event_id: String,
+    /// Deliveries created (or, for a repeated id, created the first time).
+    pub matched: u32,
+    /// The id had been published before; nothing new was written.
+    pub duplicate: bool,
+    /// Subscriptions that got a delivery now (empty for a duplicate).
+    pub targets: Vec<String>,
+}
+
+/// A delivery claimed for one attempt.
+#[derive(Clone, Debug)]
+pub struct Claimed {
+    pub delivery_id: i64,
+    pub subscription_uid: String,
+    pub event_id: String,
+    pub event_type: String,
+    pub body: Vec<u8>,
+    /// 1 for the first attempt.
+    pub attempt: u32,
+    /// Start of the retry window (publish time, or replay time).
+    pub window_start_ms: i64,
+}
+
+#[derive(Clone, Debug)]
+pub enum Claim {
+    Claimed(Claimed),
+    /// Nothing due now; the earliest pending delivery is due then (None: nothing pending,
+    /// or the subscription is paused, disabled or gone).
+    Idle {
+        next_due_ms: Option<i64>,
+    },
+}
+
+/// How an attempt ended, for the history.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AttemptRecord {
+    pub at_ms: i64,
+    /// Accepted, Transient or Terminal.
+    pub outcome: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub status_code: Option<u16>,
+    pub latency_ms: u64,
+    /// Response body excerpt (at most [`EXCERPT_BYTES`]) or what went wrong.
+    pub message: String,
+}
+
+/// What happens to the delivery after an attempt.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Next {
+    Delivered,
+    Retry { due_ms: i64 },
+    DeadLetter,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Completion {
+    /// False when the delivery was purged while the attempt was on the wire.
+    pub recorded: bool,
+    /// This completion disabled the subscription.
+    pub disabled_now: bool,
+    pub consecutive_failures: u32,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum DeliveryState {
+    Pending,
+    InFlight,
+    Delivered,
+    Dead,
+}
+
+impl DeliveryState {
+    pub(crate) fn code(self) -> i64 {
+        match self {
+            Self::Pending => 0,
+            Self::InFlight => 1,
+            Self::Delivered => 2,
+            Self::Dead => 3,
+        }
+    }
+
+    pub(crate) fn from_code(code: i64) -> Self {
+        match code {
+            0 => Self::Pending,
+            1 => Self::InFlight,
+            2 => Self::Delivered,
+            _ => Self::Dead,
+        }
+    }
+}
+
+/// Which deliveries to list.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StateFilter {
+    Pending,
+    Dead,
+    All,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DeliveryView {
+    pub event_id: String,
+    pub event_type: String,
+    pub state: DeliveryState,
+    pub attempts: u32,
+    pub published_ms: i64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub next_due_ms: Option<i64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub last_attempt: Option<AttemptRecord>,
+}
+
+#[async_trait]
+pub trait Store: Send + Sync + 'static {
+    /// Creates or updates a live subscription. A tombstoned uid stays dead; returns its
+    /// state either way.
+    async fn upsert_subscription(&self, sub: SubscriptionRecord) -> Result<SubscriptionState>;
+
+    /// The purge-and-fence: deletes every unfinished delivery of the subscription and
+    /// tombstones it, in one transaction. Returns the number of deliveries purged.
+    async fn remove_subscription(&self, uid: &str) -> Result<u64>;
+
+    /// Disables or re-enables (which also resets the consecutive-failure count).
+    async fn set_disabled(&self, uid: &str, disabled: bool) -> Result<SubscriptionState>;
+
+    async fn subscription_state(&self, uid: &str) -> Result<Option<SubscriptionState>>;
+
+    /// Stores the event and one pending delivery per live target, atomically; an event id
+    /// already published in the namespace writes nothing and returns the first answer.
+    async fn publish(&self, event: NewEvent, targets: Vec<String>) -> Result<PublishResult>;
+
+    /// The fence: claims the subscription's next due delivery if the subscription is live,
+    /// enabled and unpaused, in one transaction.
+    async fn claim_next(&self, uid: &str, now_ms: i64) -> Result<Claim>;
+
+    /// Records an attempt and moves its delivery on; a delivery purged meanwhile stays gone.
+    async fn complete(
+        &self,
+        delivery_id: i64,
+        attempt: AttemptRecord,
+        next: Next,
+    ) -> Result<Completion>;
+
+    /// After a restart: deliveries that were on the wire become due again (at least once).
+    async fn recover_in_flight(&self, now_ms: i64) -> Result<u64>;
+
+    /// Live subscriptions with unfinished deliveries: (uid, namespace, count).
+    async fn pending_by_subscription(&self) -> Result<Vec<(String, String, u64)>>;
+
+    async fn list_deliveries(
+        &self,
+        uid: &str,
+        filter: StateFilter,
+        limit: u32,
+    ) -> Result<Vec<DeliveryView>>;
+
+    /// Attempt history of one event's delivery to one subscription, oldest first.
+    async fn attempts(&self, uid: &str, event_id: &str) -> Result<Vec<AttemptRecord>>;
+
+    /// Re-queues dead letters (all, or those of the given event ids) with a fresh retry
+    /// budget. Returns how many.
+    async fn replay(&self, uid: &str, event_ids: Option<Vec<String>>, now_ms: i64) -> Result<u64>;
+
+    /// Drops history, finished deliveries and unreferenced events older than the cutoff.
+    async fn prune(&self, older_than_ms: i64) -> Result<u64>;
+}
+
+/// Cuts a response body to the history excerpt, on a character boundary.
+pub fn excerpt(body: &[u8]) -> String {
+    let text = String::from_utf8_lossy(&body[..body.len().min(EXCERPT_BYTES)]);
+    let mut text = text.into_owned();
+    while text.len() > EXCERPT_BYTES {
+        text.pop();
+    }
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn excerpt_is_at_most_512_bytes_on_a_char_boundary() {
+        assert_eq!(super::excerpt(b"short"), "short");
+        let long = "é".repeat(600);
+        let cut = super::excerpt(long.as_bytes());
+        assert!(cut.len() <= super::EXCERPT_BYTES);
+        assert!(cut.chars().all(|c| c == 'é' || c == '\u{FFFD}'));
+    }
+}

@@ -1,0 +1,619 @@
+//! The embedded store: SQLite in WAL mode with `synchronous=FULL`, behind one writer thread
+//! that commits in groups.
+//!
+//! Why SQLite: it needs no server (herald works with zero setup), its transactions make the
+//! claim-and-fence one atomic step, and it is durable on disk. Why one writer thread with
+//! group commit: every operation is a short transaction, and SQLite serialises writers
+//! anyway; batching the operations that queue up while a commit is being synced into one
+//! transaction makes one fsync acknowledge many events, so durability costs little
+//! throughput. Each operation runs in its own savepoint, so one failing operation never
+//! undoes another, and no caller hears "done" before the commit that holds its work.
+
+use std::path::Path;
+
+use async_trait::async_trait;
+use rusqlite::{Connection, OptionalExtension, params};
+use tokio::sync::{mpsc, oneshot};
+
+use super::*;
+
+/// Most operations folded into one transaction.
+const MAX_GROUP: usize = 512;
+
+type Finisher = Box<dyn FnOnce(Result<(), String>) + Send>;
+type Job = Box<dyn FnOnce(&Connection) -> Finisher + Send>;
+
+pub struct SqliteStore {
+    jobs: mpsc::UnboundedSender<Job>,
+}
+
+const SCHEMA: &str = r#"
+CREATE TABLE IF NOT EXISTS subscriptions (
+    uid TEXT PRIMARY KEY,
+    namespace TEXT NOT NULL,
+    name TEXT NOT NULL,
+    live INTEGER NOT NULL DEFAULT 1,
+    paused INTEGER NOT NULL DEFAULT 0,
+    disabled INTEGER NOT NULL DEFAULT 0,
+    disable_after INTEGER NOT NULL DEFAULT 0,
+    consecutive_failures INTEGER NOT NULL DEFAULT 0,
+    delivered INTEGER NOT NULL DEFAULT 0,
+    failed INTEGER NOT NULL DEFAULT 0,
+    dead_lettered INTEGER NOT NULL DEFAULT 0
+);
+CREATE TABLE IF NOT EXISTS events (
+    id INTEGER PRIMARY KEY,
+    namespace TEXT NOT NULL,
+    event_id TEXT NOT NULL,
+    event_type TEXT NOT NULL,
+    body BLOB NOT NULL,
+    published_ms INTEGER NOT NULL,
+    matched INTEGER NOT NULL,
+    UNIQUE (namespace, event_id)
+);
+-- One row per (event, subscription). state: 0 pending, 1 in flight, 2 delivered, 3 dead.
+CREATE TABLE IF NOT EXISTS deliveries (
+    id INTEGER PRIMARY KEY,
+    event INTEGER NOT NULL,
+    sub_uid TEXT NOT NULL,
+    state INTEGER NOT NULL,
+    attempts INTEGER NOT NULL DEFAULT 0,
+    due_ms INTEGER NOT NULL,
+    window_start_ms INTEGER NOT NULL,
+    finished_ms INTEGER
+);
+CREATE INDEX IF NOT EXISTS deliveries_lane ON deliveries (sub_uid, state, due_ms, id);
+CREATE INDEX IF NOT EXISTS deliveries_event ON deliveries (event);
+CREATE TABLE IF NOT EXISTS attempt_log (
+    id INTEGER PRIMARY KEY,
+    delivery INTEGER NOT NULL,
+    at_ms INTEGER NOT NULL,
+    outcome TEXT NOT NULL,
+    status_code INTEGER,
+    latency_ms INTEGER NOT NULL,
+    message TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS attempt_log_delivery ON attempt_log (delivery, id);
+CREATE INDEX IF NOT EXISTS attempt_log_at ON attempt_log (at_ms);
+"#;
+
+fn backend(e: rusqlite::Error) -> Error {
+    Error::Backend(e.to_string())
+}
+
+impl SqliteStore {
+    /// Opens (creating if needed) `dir/herald.db`.
+    pub fn open(dir: &Path) -> Result<Self> {
+        std::fs::create_dir_all(dir)
+            .map_err(|e| Error::Unavailable(format!("creating {}: {e}", dir.display())))?;
+        let path = dir.join("herald.db");
+        let conn = Connection::open(&path)
+            .map_err(|e| Error::Unavailable(format!("{}: {e}", path.display())))?;
+        conn.execute_batch(
+            "PRAGMA journal_mode=WAL; PRAGMA synchronous=FULL; PRAGMA foreign_keys=OFF;
+             PRAGMA busy_timeout=5000; PRAGMA cache_size=-65536;",
+        )
+        .map_err(backend)?;
+        conn.execute_batch(SCHEMA).map_err(backend)?;
+        let (jobs, rx) = mpsc::unbounded_channel();
+        std::thread::Builder::new()
+            .name("herald-store".into())
+            .spawn(move || writer(conn, rx))
+            .map_err(|e| Error::Unavailable(e.to_string()))?;
+        Ok(Self { jobs })
+    }
+
+    /// Runs `op` on the writer thread inside the next group transaction; answers after the
+    /// commit.
+    async fn run<T: Send + 'static>(
+        &self,
+        op: impl FnOnce(&Connection) -> rusqlite::Result<T> + Send + 'static,
+    ) -> Result<T> {
+        let (reply, answer) = oneshot::channel();
+        let job: Job = Box::new(move |conn| {
+            let result = savepoint(conn, op);
+            Box::new(move |commit: Result<(), String>| {
+                let outcome = match (commit, result) {
+                    (Ok(()), Ok(value)) => Ok(value),
+                    (_, Err(e)) => Err(backend(e)),
+                    (Err(e), Ok(_)) => Err(Error::Unavailable(format!("commit failed: {e}"))),
+                };
+                let _ = reply.send(outcome);
+            })
+        });
+        self.jobs
+            .send(job)
+            .map_err(|_| Error::Unavailable("the store's writer has stopped".into()))?;
+        answer
+            .await
+            .map_err(|_| Error::Unavailable("the store's writer has stopped".into()))?
+    }
+}
+
+fn savepoint<T>(
+    conn: &Connection,
+    op: impl FnOnce(&Connection) -> rusqlite::Result<T>,
+) -> rusqlite::Result<T> {
+    conn.execute_batch("SAVEPOINT op")?;
+    match op(conn) {
+        Ok(value) => {
+            conn.execute_batch("RELEASE op")?;
+            Ok(value)
+        }
+        Err(e) => {
+            let _ = conn.execute_batch("ROLLBACK TO op; RELEASE op");
+            Err(e)
+        }
+    }
+}
+
+/// The writer loop: take what is queued (up to MAX_GROUP), run it in one transaction,
+/// commit, then answer every caller.
+fn writer(conn: Connection, mut rx: mpsc::UnboundedReceiver<Job>) {
+    while let Some(first) = rx.blocking_recv() {
+        let mut group = vec![first];
+        while group.len() < MAX_GROUP {
+            match rx.try_recv() {
+                Ok(job) => group.push(job),
+                Err(_) => break,
+            }
+        }
+        if let Err(e) = conn.execute_batch("BEGIN IMMEDIATE") {
+            // Never run an operation outside a transaction. Dropping the jobs drops their
+            // reply channels, so each caller hears that the store is unavailable.
+            tracing::error!(error = %e, "store: cannot begin a transaction");
+            drop(group);
+            continue;
+        }
+        let finishers: Vec<Finisher> = group.into_iter().map(|job| job(&conn)).collect();
+        let commit = conn.execute_batch("COMMIT").map_err(|e| e.to_string());
+        if commit.is_err() {
+            let _ = conn.execute_batch("ROLLBACK");
+        }
+        for finish in finishers {
+            finish(commit.clone());
+        }
+    }
+}
+
+fn state_of(conn: &Connection, uid: &str) -> rusqlite::Result<Option<SubscriptionState>> {
+    conn.query_row(
+        "SELECT live, disabled, consecutive_failures, delivered, failed, dead_lettered,
+                (SELECT count(*) FROM deliveries WHERE sub_uid = ?1 AND state IN (0, 1))
+         FROM subscriptions WHERE uid = ?1",
+        [uid],
+        |r| {
+            Ok(SubscriptionState {
+                live: r.get(0)?,
+                disabled: r.get(1)?,
+                consecutive_failures: r.get(2)?,
+                delivered: count(r, 3)?,
+                failed: count(r, 4)?,
+                dead_lettered: count(r, 5)?,
+                pending: count(r, 6)?,
+            })
+        },
+    )
+    .optional()
+}
+
+#[async_trait]
+impl Store for SqliteStore {
+    async fn upsert_subscription(&self, sub: SubscriptionRecord) -> Result<SubscriptionState> {
+        self.run(move |conn| {
+            conn.execute(
+                "INSERT INTO subscriptions (uid, namespace, name, paused, disable_after)
+                 VALUES (?1, ?2, ?3, ?4, ?5)
+                 ON CONFLICT (uid) DO UPDATE SET paused = excluded.paused,
+                     disable_after = excluded.disable_after, name = excluded.name
+                 WHERE subscriptions.live = 1",
+                params![
+                    sub.uid,
+                    sub.namespace,
+                    sub.name,
+                    sub.paused,
+                    sub.disable_after
+                ],
+            )?;
+            Ok(state_of(conn, &sub.uid)?.unwrap_or_default())
+        })
+        .await
+    }
+
+    async fn remove_subscription(&self, uid: &str) -> Result<u64> {
+        let uid = uid.to_string();
+        self.run(move |conn| {
+            let purged = conn.execute(
+                "DELETE FROM deliveries WHERE sub_uid = ?1 AND state IN (0, 1)",
+                [&uid],
+            )?;
+            // Tombstone rather than delete, so a stale upsert cannot bring it back.
+            conn.execute(
+                "INSERT INTO subscriptions (uid, namespace, name, live) VALUES (?1, '', '', 0)
+                 ON CONFLICT (uid) DO UPDATE SET live = 0",
+                [&uid],
+            )?;
+            Ok(purged as u64)
+        })
+        .await
+    }
+
+    async fn set_disabled(&self, uid: &str, disabled: bool) -> Result<SubscriptionState> {
+        let uid = uid.to_string();
+        self.run(move |conn| {
+            conn.execute(
+                "UPDATE subscriptions SET disabled = ?2,
+                     consecutive_failures = CASE WHEN ?2 THEN consecutive_failures ELSE 0 END
+                 WHERE uid = ?1 AND live = 1",
+                params![uid, disabled],
+            )?;
+            Ok(state_of(conn, &uid)?.unwrap_or_default())
+        })
+        .await
+    }
+
+    async fn subscription_state(&self, uid: &str) -> Result<Option<SubscriptionState>> {
+        let uid = uid.to_string();
+        self.run(move |conn| state_of(conn, &uid)).await
+    }
+
+    async fn publish(&self, event: NewEvent, targets: Vec<String>) -> Result<PublishResult> {
+        self.run(move |conn| {
+            let existing: Option<u32> = conn
+                .query_row(
+                    "SELECT matched FROM events WHERE namespace = ?1 AND event_id = ?2",
+                    params![event.namespace, event.event_id],
+                    |r| r.get(0),
+                )
+                .optional()?;
+            if let Some(matched) = existing {
+                return Ok(PublishResult {
+                    event_id: event.event_id,
+                    matched,
+                    duplicate: true,
+                    targets: Vec::new(),
+                });
+            }
+            conn.execute(
+                "INSERT INTO events (namespace, event_id, event_type, body, published_ms, matched)
+                 VALUES (?1, ?2, ?3, ?4, ?5, 0)",
+                params![
+                    event.namespace,
+                    event.event_id,
+                    event.event_type,
+                    event.body,
+                    event.published_ms
+                ],
+            )?;
+            let event_row = conn.last_insert_rowid();
+            let mut live = Vec::with_capacity(targets.len());
+            {
+                let mut insert = conn.prepare_cached(
+                    "INSERT INTO deliveries (event, sub_uid, state, due_ms, window_start_ms)
+                     SELECT ?1, uid, 0, ?2, ?2 FROM subscriptions
+                     WHERE uid = ?3 AND live = 1 AND namespace = ?4",
+                )?;
+                for uid in targets {
+                    if insert.execute(params![
+                        event_row,
+                        event.published_ms,
+                        uid,
+                        event.namespace
+                    ])? == 1
+                    {
+                        live.push(uid);
+                    }
+                }
+            }
+            conn.execute(
+                "UPDATE events SET matched = ?2 WHERE id = ?1",
+                params![event_row, live.len() as u32],
+            )?;
+            Ok(PublishResult {
+                event_id: event.event_id,
+                matched: live.len() as u32,
+                duplicate: false,
+                targets: live,
+            })
+        })
+        .await
+    }
+
+    async fn claim_next(&self, uid: &str, now_ms: i64) -> Result<Claim> {
+        let uid = uid.to_string();
+        self.run(move |conn| {
+            let deliverable: Option<bool> = conn
+                .prepare_cached(
+                    "SELECT paused = 0 AND disabled = 0 FROM subscriptions WHERE uid = ?1 AND live = 1",
+                )?
+                .query_row([&uid], |r| r.get(0))
+                .optional()?;
+            if deliverable != Some(true) {
+                return Ok(Claim::Idle { next_due_ms: None });
+            }
+            let due: Option<(i64, i64)> = conn
+                .prepare_cached(
+                    "SELECT id, due_ms FROM deliveries WHERE sub_uid = ?1 AND state = 0
+                     ORDER BY due_ms, id LIMIT 1",
+                )?
+                .query_row([&uid], |r| Ok((r.get(0)?, r.get(1)?)))
+                .optional()?;
+            let Some((delivery_id, due_ms)) = due else {
+                return Ok(Claim::Idle { next_due_ms: None });
+            };
+            if due_ms > now_ms {
+                return Ok(Claim::Idle { next_due_ms: Some(due_ms) });
+            }
+            conn.prepare_cached(
+                "UPDATE deliveries SET state = 1, attempts = attempts + 1 WHERE id = ?1",
+            )?
+            .execute([delivery_id])?;
+            let claimed = conn
+                .prepare_cached(
+                    "SELECT e.event_id, e.event_type, e.body, d.attempts, d.window_start_ms
+                     FROM deliveries d JOIN events e ON e.id = d.event WHERE d.id = ?1",
+                )?
+                .query_row([delivery_id], |r| {
+                    Ok(Claimed {
+                        delivery_id,
+                        subscription_uid: uid.clone(),
+                        event_id: r.get(0)?,
+                        event_type: r.get(1)?,
+                        body: r.get(2)?,
+                        attempt: r.get(3)?,
+                        window_start_ms: r.get(4)?,
+                    })
+                })?;
+            Ok(Claim::Claimed(claimed))
+        })
+        .await
+    }
+
+    async fn complete(
+        &self,
+        delivery_id: i64,
+        attempt: AttemptRecord,
+        next: Next,
+    ) -> Result<Completion> {
+        self.run(move |conn| {
+            let (state, due_ms) = match next {
+                Next::Delivered => (DeliveryState::Delivered, attempt.at_ms),
+                Next::Retry { due_ms } => (DeliveryState::Pending, due_ms),
+                Next::DeadLetter => (DeliveryState::Dead, attempt.at_ms),
+            };
+            let finished = (state != DeliveryState::Pending).then_some(attempt.at_ms);
+            let sub_uid: Option<String> = conn
+                .prepare_cached(
+                    "UPDATE deliveries SET state = ?2, due_ms = ?3, finished_ms = ?4
+                     WHERE id = ?1 AND state = 1 RETURNING sub_uid",
+                )?
+                .query_row(params![delivery_id, state.code(), due_ms, finished], |r| r.get(0))
+                .optional()?;
+            let Some(sub_uid) = sub_uid else {
+                return Ok(Completion::default());
+            };
+            conn.prepare_cached(
+                "INSERT INTO attempt_log (delivery, at_ms, outcome, status_code, latency_ms, message)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+            )?
+            .execute(params![
+                delivery_id,
+                attempt.at_ms,
+                attempt.outcome,
+                attempt.status_code,
+                attempt.latency_ms as i64,
+                attempt.message
+            ])?;
+            let ok = next == Next::Delivered;
+            let dead = next == Next::DeadLetter;
+            let (failures, disabled_now): (u32, bool) = conn
+                .prepare_cached(
+                    "UPDATE subscriptions SET
+                         consecutive_failures = CASE WHEN ?2 THEN 0 ELSE consecutive_failures + 1 END,
+                         delivered = delivered + ?2,
+                         failed = failed + (NOT ?2),
+                         dead_lettered = dead_lettered + ?3,
+                         disabled = CASE WHEN NOT ?2 AND disable_after > 0
+                                          AND consecutive_failures + 1 >= disable_after
+                                         THEN 1 ELSE disabled END
+                     WHERE uid = ?1 AND live = 1
+                     RETURNING consecutive_failures,
+                               disabled = 1 AND NOT ?2 AND disable_after > 0
+                                   AND consecutive_failures = disable_after",
+                )?
+                .query_row(params![sub_uid, ok, dead], |r| Ok((r.get(0)?, r.get(1)?)))
+                .optional()?
+                .unwrap_or((0, false));
+            Ok(Completion { recorded: true, disabled_now, consecutive_failures: failures })
+        })
+        .await
+    }
+
+    async fn recover_in_flight(&self, now_ms: i64) -> Result<u64> {
+        self.run(move |conn| {
+            Ok(conn.execute(
+                "UPDATE deliveries SET state = 0, due_ms = min(due_ms, ?1) WHERE state = 1",
+                [now_ms],
+            )? as u64)
+        })
+        .await
+    }
+
+    async fn pending_by_subscription(&self) -> Result<Vec<(String, String, u64)>> {
+        self.run(|conn| {
+            let mut stmt = conn.prepare(
+                "SELECT s.uid, s.namespace, count(d.id) FROM subscriptions s
+                 JOIN deliveries d ON d.sub_uid = s.uid AND d.state IN (0, 1)
+                 WHERE s.live = 1 GROUP BY s.uid",
+            )?;
+            stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?, count(r, 2)?)))?
+                .collect()
+        })
+        .await
+    }
+
+    async fn list_deliveries(
+        &self,
+        uid: &str,
+        filter: StateFilter,
+        limit: u32,
+    ) -> Result<Vec<DeliveryView>> {
+        let uid = uid.to_string();
+        self.run(move |conn| {
+            let states = match filter {
+                StateFilter::Pending => "0, 1",
+                StateFilter::Dead => "3",
+                StateFilter::All => "0, 1, 2, 3",
+            };
+            let mut stmt = conn.prepare(&format!(
+                "SELECT d.id, e.event_id, e.event_type, d.state, d.attempts, e.published_ms, d.due_ms
+                 FROM deliveries d JOIN events e ON e.id = d.event
+                 WHERE d.sub_uid = ?1 AND d.state IN ({states}) ORDER BY d.id LIMIT ?2"
+            ))?;
+            let rows: Vec<(i64, DeliveryView)> = stmt
+                .query_map(params![uid, limit], |r| {
+                    let state = DeliveryState::from_code(r.get(3)?);
+                    Ok((
+                        r.get(0)?,
+                        DeliveryView {
+                            event_id: r.get(1)?,
+                            event_type: r.get(2)?,
+                            state,
+                            attempts: r.get(4)?,
+                            published_ms: r.get(5)?,
+                            next_due_ms: (state == DeliveryState::Pending).then_some(r.get(6)?),
+                            last_attempt: None,
+                        },
+                    ))
+                })?
+                .collect::<rusqlite::Result<_>>()?;
+            let mut last = conn.prepare_cached(
+                "SELECT at_ms, outcome, status_code, latency_ms, message FROM attempt_log
+                 WHERE delivery = ?1 ORDER BY id DESC LIMIT 1",
+            )?;
+            rows.into_iter()
+                .map(|(id, mut view)| {
+                    view.last_attempt = last.query_row([id], attempt_row).optional()?;
+                    Ok(view)
+                })
+                .collect()
+        })
+        .await
+    }
+
+    async fn attempts(&self, uid: &str, event_id: &str) -> Result<Vec<AttemptRecord>> {
+        let (uid, event_id) = (uid.to_string(), event_id.to_string());
+        self.run(move |conn| {
+            let mut stmt = conn.prepare(
+                "SELECT a.at_ms, a.outcome, a.status_code, a.latency_ms, a.message
+                 FROM attempt_log a JOIN deliveries d ON d.id = a.delivery
+                 JOIN events e ON e.id = d.event
+                 WHERE d.sub_uid = ?1 AND e.event_id = ?2 ORDER BY a.id",
+            )?;
+            stmt.query_map(params![uid, event_id], attempt_row)?
+                .collect()
+        })
+        .await
+    }
+
+    async fn replay(&self, uid: &str, event_ids: Option<Vec<String>>, now_ms: i64) -> Result<u64> {
+        let uid = uid.to_string();
+        self.run(move |conn| {
+            let live: bool = conn.query_row(
+                "SELECT count(*) FROM subscriptions WHERE uid = ?1 AND live = 1",
+                [&uid],
+                |r| r.get(0),
+            )?;
+            if !live {
+                return Ok(0);
+            }
+            let requeue = "UPDATE deliveries SET state = 0, attempts = 0, due_ms = ?2,
+                               window_start_ms = ?2, finished_ms = NULL
+                           WHERE sub_uid = ?1 AND state = 3";
+            let count = match event_ids {
+                None => conn.execute(requeue, params![uid, now_ms])?,
+                Some(ids) => {
+                    let mut stmt = conn.prepare(&format!(
+                        "{requeue} AND event IN (SELECT id FROM events WHERE event_id = ?3
+                             AND namespace = (SELECT namespace FROM subscriptions WHERE uid = ?1))"
+                    ))?;
+                    let mut count = 0;
+                    for id in ids {
+                        count += stmt.execute(params![uid, now_ms, id])?;
+                    }
+                    count
+                }
+            };
+            Ok(count as u64)
+        })
+        .await
+    }
+
+    async fn prune(&self, older_than_ms: i64) -> Result<u64> {
+        self.run(move |conn| {
+            let mut removed = conn.execute("DELETE FROM attempt_log WHERE at_ms < ?1", [older_than_ms])?;
+            removed += conn.execute(
+                "DELETE FROM deliveries WHERE state = 2 AND finished_ms < ?1",
+                [older_than_ms],
+            )?;
+            removed += conn.execute(
+                "DELETE FROM deliveries WHERE sub_uid IN (SELECT uid FROM subscriptions WHERE live = 0)",
+                [],
+            )?;
+            removed += conn.execute(
+                "DELETE FROM events WHERE published_ms < ?1
+                     AND NOT EXISTS (SELECT 1 FROM deliveries d WHERE d.event = events.id)",
+                [older_than_ms],
+            )?;
+            Ok(removed as u64)
+        })
+        .await
+    }
+}
+
+/// SQLite integers are signed; counts never are.
+fn count(r: &rusqlite::Row<'_>, index: usize) -> rusqlite::Result<u64> {
+    Ok(r.get::<_, i64>(index)?.max(0) as u64)
+}
+
+fn attempt_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<AttemptRecord> {
+    Ok(AttemptRecord {
+        at_ms: r.get(0)?,
+        outcome: r.get(1)?,
+        status_code: r.get(2)?,
+        latency_ms: r.get::<_, i64>(3)? as u64,
+        message: r.get(4)?,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn temp_dir() -> std::path::PathBuf {
+        let dir = std::env::temp_dir().join(format!("herald-store-test-{}", uuid::Uuid::now_v7()));
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+
+    #[tokio::test]
+    async fn sqlite_passes_the_store_suite() {
+        let dir = temp_dir();
+        let store = SqliteStore::open(&dir).unwrap();
+        super::super::suite::run(&store).await;
+        drop(store);
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    #[tokio::test]
+    async fn what_was_acknowledged_survives_reopening() {
+        let dir = temp_dir();
+        {
+            let store = SqliteStore::open(&dir).unwrap();
+            super::super::suite::seed_for_reopen(&store).await;
+        }
+        let store = SqliteStore::open(&dir).unwrap();
+        super::super::suite::check_after_reopen(&store).await;
+        let _ = std::fs::remove_dir_all(dir);
+    }
+}

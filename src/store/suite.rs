@@ -1,0 +1,439 @@
+//! The behaviour every store backend must have. Each backend's tests call [`run`].
+
+use super::*;
+
+const NS: &str = "tenant-a";
+
+fn sub(uid: &str) -> SubscriptionRecord {
+    SubscriptionRecord {
+        uid: uid.into(),
+        namespace: NS.into(),
+        name: format!("name-{uid}"),
+        paused: false,
+        disable_after: 0,
+    }
+}
+
+fn event(id: &str, at: i64) -> NewEvent {
+    NewEvent {
+        namespace: NS.into(),
+        event_id: id.into(),
+        event_type: "invoice.paid".into(),
+        body: format!("{{\"id\":\"{id}\"}}").into_bytes(),
+        published_ms: at,
+    }
+}
+
+fn attempt(at: i64, outcome: &str, status: Option<u16>) -> AttemptRecord {
+    AttemptRecord {
+        at_ms: at,
+        outcome: outcome.into(),
+        status_code: status,
+        latency_ms: 3,
+        message: "m".into(),
+    }
+}
+
+async fn claim(store: &dyn Store, uid: &str, now: i64) -> Claimed {
+    match store.claim_next(uid, now).await.unwrap() {
+        Claim::Claimed(c) => c,
+        Claim::Idle { next_due_ms } => {
+            panic!("nothing to claim for {uid} (next due {next_due_ms:?})")
+        }
+    }
+}
+
+async fn idle(store: &dyn Store, uid: &str, now: i64) -> Option<i64> {
+    match store.claim_next(uid, now).await.unwrap() {
+        Claim::Idle { next_due_ms } => next_due_ms,
+        Claim::Claimed(c) => panic!("claimed {} for {uid}", c.event_id),
+    }
+}
+
+pub async fn run(store: &dyn Store) {
+    publish_is_atomic_idempotent_and_fenced(store).await;
+    claims_follow_publish_order_and_due_time(store).await;
+    removal_purges_and_fences_forever(store).await;
+    completion_counts_and_auto_disables(store).await;
+    dead_letters_list_and_replay(store).await;
+    in_flight_is_recovered(store).await;
+    pause_blocks_claims(store).await;
+    prune_keeps_what_is_unfinished(store).await;
+}
+
+async fn publish_is_atomic_idempotent_and_fenced(store: &dyn Store) {
+    store.upsert_subscription(sub("p1")).await.unwrap();
+    store.upsert_subscription(sub("p2")).await.unwrap();
+    let first = store
+        .publish(
+            event("evt-p", 1000),
+            vec!["p1".into(), "p2".into(), "unknown".into()],
+        )
+        .await
+        .unwrap();
+    assert_eq!(first.matched, 2, "only live subscriptions get deliveries");
+    assert!(!first.duplicate);
+    assert_eq!(first.targets, ["p1", "p2"]);
+
+    let again = store
+        .publish(event("evt-p", 2000), vec!["p1".into()])
+        .await
+        .unwrap();
+    assert!(again.duplicate);
+    assert_eq!(again.matched, 2, "a repeated id gets the first answer");
+    assert!(again.targets.is_empty());
+    assert_eq!(
+        store
+            .list_deliveries("p1", StateFilter::All, 10)
+            .await
+            .unwrap()
+            .len(),
+        1
+    );
+
+    // Another namespace may use the same id, and a target of another namespace is refused.
+    let mut other = event("evt-p", 1000);
+    other.namespace = "tenant-b".into();
+    assert_eq!(
+        store
+            .publish(other, vec!["p1".into()])
+            .await
+            .unwrap()
+            .matched,
+        0
+    );
+    store.remove_subscription("p1").await.unwrap();
+    store.remove_subscription("p2").await.unwrap();
+}
+
+async fn claims_follow_publish_order_and_due_time(store: &dyn Store) {
+    store.upsert_subscription(sub("o1")).await.unwrap();
+    for i in 0..3 {
+        store
+            .publish(event(&format!("evt-o{i}"), 1000 + i), vec!["o1".into()])
+            .await
+            .unwrap();
+    }
+    assert_eq!(idle(store, "o1", 999).await, Some(1000), "not due yet");
+    let a = claim(store, "o1", 5000).await;
+    let b = claim(store, "o1", 5000).await;
+    assert_eq!(
+        (a.event_id.as_str(), b.event_id.as_str()),
+        ("evt-o0", "evt-o1")
+    );
+    assert_eq!(a.attempt, 1);
+    assert_eq!(a.window_start_ms, 1000);
+    assert_eq!(a.body, b"{\"id\":\"evt-o0\"}");
+
+    // A retry goes back to pending with a due time and does not block later events.
+    store
+        .complete(
+            a.delivery_id,
+            attempt(5001, "Transient", Some(500)),
+            Next::Retry { due_ms: 9000 },
+        )
+        .await
+        .unwrap();
+    let c = claim(store, "o1", 5002).await;
+    assert_eq!(c.event_id, "evt-o2");
+    assert_eq!(idle(store, "o1", 5003).await, Some(9000));
+    let retried = claim(store, "o1", 9000).await;
+    assert_eq!((retried.event_id.as_str(), retried.attempt), ("evt-o0", 2));
+    store.remove_subscription("o1").await.unwrap();
+}
+
+async fn removal_purges_and_fences_forever(store: &dyn Store) {
+    store.upsert_subscription(sub("r1")).await.unwrap();
+    store.upsert_subscription(sub("r-control")).await.unwrap();
+    for i in 0..5 {
+        store
+            .publish(
+                event(&format!("evt-r{i}"), 100),
+                vec!["r1".into(), "r-control".into()],
+            )
+            .await
+            .unwrap();
+    }
+    let on_the_wire = claim(store, "r1", 200).await;
+    assert_eq!(
+        store.remove_subscription("r1").await.unwrap(),
+        5,
+        "4 pending + 1 in flight purged"
+    );
+    assert_eq!(idle(store, "r1", i64::MAX).await, None);
+
+    // The attempt that was on the wire may finish, but cannot schedule a retry.
+    let done = store
+        .complete(
+            on_the_wire.delivery_id,
+            attempt(300, "Transient", Some(500)),
+            Next::Retry { due_ms: 400 },
+        )
+        .await
+        .unwrap();
+    assert!(!done.recorded);
+    assert_eq!(idle(store, "r1", i64::MAX).await, None);
+
+    // A stale cache upserting the removed subscription does not bring it back.
+    let state = store.upsert_subscription(sub("r1")).await.unwrap();
+    assert!(!state.live);
+    assert_eq!(
+        store
+            .publish(event("evt-r-late", 500), vec!["r1".into()])
+            .await
+            .unwrap()
+            .matched,
+        0
+    );
+    assert_eq!(idle(store, "r1", i64::MAX).await, None);
+    assert_eq!(store.replay("r1", None, 600).await.unwrap(), 0);
+    assert_eq!(store.recover_in_flight(700).await.unwrap(), 0);
+    assert_eq!(idle(store, "r1", i64::MAX).await, None);
+
+    // The control is untouched.
+    assert_eq!(
+        store
+            .subscription_state("r-control")
+            .await
+            .unwrap()
+            .unwrap()
+            .pending,
+        5
+    );
+    store.remove_subscription("r-control").await.unwrap();
+}
+
+async fn completion_counts_and_auto_disables(store: &dyn Store) {
+    store
+        .upsert_subscription(SubscriptionRecord {
+            disable_after: 3,
+            ..sub("d1")
+        })
+        .await
+        .unwrap();
+    for i in 0..4 {
+        store
+            .publish(event(&format!("evt-d{i}"), 100), vec!["d1".into()])
+            .await
+            .unwrap();
+    }
+    let first = claim(store, "d1", 100).await;
+    let done = store
+        .complete(
+            first.delivery_id,
+            attempt(101, "Accepted", Some(204)),
+            Next::Delivered,
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        done,
+        Completion {
+            recorded: true,
+            disabled_now: false,
+            consecutive_failures: 0
+        }
+    );
+
+    let mut disabled_at = None;
+    for n in 1..=3 {
+        let c = claim(store, "d1", 200).await;
+        let done = store
+            .complete(
+                c.delivery_id,
+                attempt(201, "Terminal", Some(404)),
+                Next::DeadLetter,
+            )
+            .await
+            .unwrap();
+        assert_eq!(done.consecutive_failures, n);
+        if done.disabled_now {
+            disabled_at = Some(n);
+        }
+    }
+    assert_eq!(disabled_at, Some(3), "disableAfter = 3");
+    let state = store.subscription_state("d1").await.unwrap().unwrap();
+    assert!(state.disabled);
+    assert_eq!(
+        (state.delivered, state.failed, state.dead_lettered),
+        (1, 3, 3)
+    );
+    assert_eq!(state.pending, 0);
+
+    store
+        .publish(event("evt-d-while-disabled", 300), vec!["d1".into()])
+        .await
+        .unwrap();
+    assert_eq!(
+        idle(store, "d1", i64::MAX).await,
+        None,
+        "disabled: no claim"
+    );
+    let state = store.set_disabled("d1", false).await.unwrap();
+    assert!(!state.disabled);
+    assert_eq!(state.consecutive_failures, 0);
+    claim(store, "d1", 400).await;
+    store.remove_subscription("d1").await.unwrap();
+}
+
+async fn dead_letters_list_and_replay(store: &dyn Store) {
+    store.upsert_subscription(sub("x1")).await.unwrap();
+    for i in 0..3 {
+        store
+            .publish(event(&format!("evt-x{i}"), 100), vec!["x1".into()])
+            .await
+            .unwrap();
+        let c = claim(store, "x1", 100).await;
+        store
+            .complete(
+                c.delivery_id,
+                attempt(110, "Terminal", Some(410)),
+                Next::DeadLetter,
+            )
+            .await
+            .unwrap();
+    }
+    let dead = store
+        .list_deliveries("x1", StateFilter::Dead, 10)
+        .await
+        .unwrap();
+    assert_eq!(dead.len(), 3);
+    assert_eq!(dead[0].state, DeliveryState::Dead);
+    assert_eq!(
+        dead[0].last_attempt.as_ref().unwrap().status_code,
+        Some(410)
+    );
+    assert!(
+        store
+            .list_deliveries("x1", StateFilter::Pending, 10)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    assert_eq!(store.attempts("x1", "evt-x0").await.unwrap().len(), 1);
+
+    assert_eq!(
+        store
+            .replay("x1", Some(vec!["evt-x1".into(), "nope".into()]), 500)
+            .await
+            .unwrap(),
+        1
+    );
+    let replayed = claim(store, "x1", 500).await;
+    assert_eq!(
+        (
+            replayed.event_id.as_str(),
+            replayed.attempt,
+            replayed.window_start_ms
+        ),
+        ("evt-x1", 1, 500)
+    );
+    assert_eq!(store.replay("x1", None, 600).await.unwrap(), 2);
+    assert_eq!(
+        store
+            .list_deliveries("x1", StateFilter::Pending, 10)
+            .await
+            .unwrap()
+            .len(),
+        3
+    );
+    store.remove_subscription("x1").await.unwrap();
+}
+
+async fn in_flight_is_recovered(store: &dyn Store) {
+    store.upsert_subscription(sub("c1")).await.unwrap();
+    store
+        .publish(event("evt-c", 100), vec!["c1".into()])
+        .await
+        .unwrap();
+    let c = claim(store, "c1", 100).await;
+    assert_eq!(idle(store, "c1", 100).await, None);
+    assert_eq!(store.recover_in_flight(200).await.unwrap(), 1);
+    let again = claim(store, "c1", 200).await;
+    assert_eq!((again.delivery_id, again.attempt), (c.delivery_id, 2));
+    let pending = store.pending_by_subscription().await.unwrap();
+    assert!(pending.contains(&("c1".into(), NS.into(), 1)));
+    store.remove_subscription("c1").await.unwrap();
+}
+
+async fn pause_blocks_claims(store: &dyn Store) {
+    let mut paused = sub("z1");
+    paused.paused = true;
+    store.upsert_subscription(paused.clone()).await.unwrap();
+    assert_eq!(
+        store
+            .publish(event("evt-z", 100), vec!["z1".into()])
+            .await
+            .unwrap()
+            .matched,
+        1
+    );
+    assert_eq!(idle(store, "z1", 1000).await, None);
+    paused.paused = false;
+    store.upsert_subscription(paused).await.unwrap();
+    claim(store, "z1", 1000).await;
+    store.remove_subscription("z1").await.unwrap();
+}
+
+async fn prune_keeps_what_is_unfinished(store: &dyn Store) {
+    store.upsert_subscription(sub("k1")).await.unwrap();
+    store
+        .publish(event("evt-k-old-done", 100), vec!["k1".into()])
+        .await
+        .unwrap();
+    store
+        .publish(event("evt-k-old-pending", 100), vec!["k1".into()])
+        .await
+        .unwrap();
+    let c = claim(store, "k1", 100).await;
+    store
+        .complete(
+            c.delivery_id,
+            attempt(150, "Accepted", Some(200)),
+            Next::Delivered,
+        )
+        .await
+        .unwrap();
+    store.prune(10_000).await.unwrap();
+    let left = store
+        .list_deliveries("k1", StateFilter::All, 10)
+        .await
+        .unwrap();
+    assert_eq!(left.len(), 1);
+    assert_eq!(left[0].event_id, "evt-k-old-pending");
+    // The pruned event's id may not be reused as a duplicate any more, but the pending one is kept.
+    assert!(
+        store
+            .publish(event("evt-k-old-pending", 200), vec!["k1".into()])
+            .await
+            .unwrap()
+            .duplicate
+    );
+    store.remove_subscription("k1").await.unwrap();
+}
+
+/// Writes state that must survive closing and reopening the store.
+pub async fn seed_for_reopen(store: &dyn Store) {
+    store.upsert_subscription(sub("s1")).await.unwrap();
+    store.upsert_subscription(sub("s-gone")).await.unwrap();
+    store
+        .publish(event("evt-s1", 100), vec!["s1".into(), "s-gone".into()])
+        .await
+        .unwrap();
+    claim(store, "s1", 100).await; // in flight at "crash"
+    store.remove_subscription("s-gone").await.unwrap();
+}
+
+pub async fn check_after_reopen(store: &dyn Store) {
+    assert_eq!(store.recover_in_flight(200).await.unwrap(), 1);
+    assert_eq!(claim(store, "s1", 200).await.event_id, "evt-s1");
+    assert_eq!(idle(store, "s-gone", i64::MAX).await, None);
+    assert!(!store.upsert_subscription(sub("s-gone")).await.unwrap().live);
+    assert!(
+        store
+            .publish(event("evt-s1", 300), vec![])
+            .await
+            .unwrap()
+            .duplicate
+    );
+}
