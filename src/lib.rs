@@ -4,5 +4,6 @@
 
 pub mod api;
 pub mod cli;
+pub mod delivery;
 pub mod signing;
 pub mod store;

@@ -200,6 +200,10 @@ pub trait Store: Send + Sync + 'static {
 
     async fn subscription_state(&self, uid: &str) -> Result<Option<SubscriptionState>>;
 
+    /// Every live subscription, to match a configuration to what the store holds after a
+    /// restart.
+    async fn live_subscriptions(&self) -> Result<Vec<SubscriptionRecord>>;
+
     /// Stores the event and one pending delivery per live target, atomically; an event id
     /// already published in the namespace writes nothing and returns the first answer.
     async fn publish(&self, event: NewEvent, targets: Vec<String>) -> Result<PublishResult>;

@@ -257,6 +257,25 @@ impl Store for SqliteStore {
         self.run(move |conn| state_of(conn, &uid)).await
     }
 
+    async fn live_subscriptions(&self) -> Result<Vec<SubscriptionRecord>> {
+        self.run(|conn| {
+            let mut stmt = conn.prepare(
+                "SELECT uid, namespace, name, paused, disable_after FROM subscriptions WHERE live = 1",
+            )?;
+            stmt.query_map([], |r| {
+                Ok(SubscriptionRecord {
+                    uid: r.get(0)?,
+                    namespace: r.get(1)?,
+                    name: r.get(2)?,
+                    paused: r.get(3)?,
+                    disable_after: r.get(4)?,
+                })
+            })?
+            .collect()
+        })
+        .await
+    }
+
     async fn publish(&self, event: NewEvent, targets: Vec<String>) -> Result<PublishResult> {
         self.run(move |conn| {
             let existing: Option<u32> = conn

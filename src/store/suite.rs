@@ -425,6 +425,14 @@ pub async fn seed_for_reopen(store: &dyn Store) {
 }
 
 pub async fn check_after_reopen(store: &dyn Store) {
+    let live: Vec<_> = store
+        .live_subscriptions()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|s| s.uid)
+        .collect();
+    assert_eq!(live, ["s1"]);
     assert_eq!(store.recover_in_flight(200).await.unwrap(), 1);
     assert_eq!(claim(store, "s1", 200).await.event_id, "evt-s1");
     assert_eq!(idle(store, "s-gone", i64::MAX).await, None);

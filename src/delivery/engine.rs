@@ -1,0 +1,614 @@
+//! The engine: keeps the live subscriptions, asks the lane scheduler what may start, runs
+//! each attempt as its own task (claim in the store, POST, record), and wakes lanes when
+//! events arrive or retries fall due. Pending work stays in the store; memory holds one
+//! small entry per subscription and one per attempt on the wire.
+
+use std::cmp::Reverse;
+use std::collections::{BTreeSet, BinaryHeap, HashMap};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use serde::Serialize;
+use serde_json::value::RawValue;
+use tokio::sync::{Notify, broadcast};
+
+use super::SubscriptionConfig;
+use super::http::{HttpSender, Target};
+use super::outcome::Outcome;
+use super::retry::{self, Decision};
+use super::scheduler::Scheduler;
+use crate::store::{
+    self, AttemptRecord, Claim, DeliveryView, NewEvent, Next, PublishResult, StateFilter, Store,
+    SubscriptionRecord, SubscriptionState,
+};
+
+/// Engine-wide limits; every default is in `herald run --help`.
+#[derive(Clone, Debug)]
+pub struct EngineConfig {
+    pub max_in_flight: u32,
+    pub namespace_max_in_flight: u32,
+    pub namespace_max_pending: u64,
+    pub history_retention: Duration,
+}
+
+/// What happened, for logs and status writers.
+#[derive(Clone, Debug, Serialize)]
+#[serde(tag = "kind", rename_all = "camelCase")]
+pub enum Notice {
+    #[serde(rename_all = "camelCase")]
+    Attempt {
+        namespace: String,
+        name: String,
+        event_id: String,
+        attempt: u32,
+        outcome: Outcome,
+        status_code: Option<u16>,
+        latency_ms: u64,
+        next: &'static str,
+        message: String,
+    },
+    #[serde(rename_all = "camelCase")]
+    Disabled {
+        namespace: String,
+        name: String,
+        consecutive_failures: u32,
+    },
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    #[error("no subscription {0}")]
+    NotFound(String),
+    #[error(
+        "namespace {namespace} has {pending} pending attempts; {more} more would pass its limit of {limit}"
+    )]
+    QuotaExceeded {
+        namespace: String,
+        pending: u64,
+        more: u64,
+        limit: u64,
+    },
+    #[error("subscription {0} is disabled; re-enable it first")]
+    Disabled(String),
+    #[error(transparent)]
+    Store(#[from] store::Error),
+}
+
+struct Inner {
+    scheduler: Scheduler,
+    subs: HashMap<String, Arc<SubscriptionConfig>>,
+    by_namespace: HashMap<String, BTreeSet<String>>,
+    by_name: HashMap<(String, String), String>,
+    timers: BinaryHeap<Reverse<(i64, String)>>,
+    timer_at: HashMap<String, i64>,
+    pending: HashMap<String, u64>,
+    /// Per-namespace pending limits from WebhookQuota objects.
+    pending_limits: HashMap<String, u64>,
+}
+
+impl Inner {
+    fn add_timer(&mut self, uid: &str, at: i64) {
+        if self.timer_at.get(uid).is_some_and(|&t| t <= at) {
+            return;
+        }
+        self.timer_at.insert(uid.to_string(), at);
+        self.timers.push(Reverse((at, uid.to_string())));
+    }
+
+    fn pending_sub(&mut self, namespace: &str, n: u64) {
+        if let Some(p) = self.pending.get_mut(namespace) {
+            *p = p.saturating_sub(n);
+        }
+    }
+}
+
+pub struct Engine {
+    store: Arc<dyn Store>,
+    sender: HttpSender,
+    config: EngineConfig,
+    inner: Mutex<Inner>,
+    wakeup: Notify,
+    notices: broadcast::Sender<Notice>,
+}
+
+pub fn now_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_millis() as i64
+}
+
+impl Engine {
+    pub fn new(store: Arc<dyn Store>, sender: HttpSender, config: EngineConfig) -> Arc<Self> {
+        let (notices, _) = broadcast::channel(4096);
+        Arc::new(Self {
+            store,
+            sender,
+            inner: Mutex::new(Inner {
+                scheduler: Scheduler::new(config.max_in_flight, config.namespace_max_in_flight),
+                subs: HashMap::new(),
+                by_namespace: HashMap::new(),
+                by_name: HashMap::new(),
+                timers: BinaryHeap::new(),
+                timer_at: HashMap::new(),
+                pending: HashMap::new(),
+                pending_limits: HashMap::new(),
+            }),
+            config,
+            wakeup: Notify::new(),
+            notices,
+        })
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        // A panic while holding the lock is a bug; keep serving rather than poison forever.
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub fn store(&self) -> &Arc<dyn Store> {
+        &self.store
+    }
+
+    pub fn notices(&self) -> broadcast::Receiver<Notice> {
+        self.notices.subscribe()
+    }
+
+    /// Subscriptions the store holds as live, to match a configuration after a restart.
+    pub async fn stored_subscriptions(&self) -> Result<Vec<SubscriptionRecord>, EngineError> {
+        Ok(self.store.live_subscriptions().await?)
+    }
+
+    /// After a restart and before dispatching: attempts that were on the wire become due
+    /// again, and lanes with pending work are woken.
+    pub async fn recover(&self) -> Result<(), EngineError> {
+        let recovered = self.store.recover_in_flight(now_ms()).await?;
+        if recovered > 0 {
+            tracing::info!(
+                recovered,
+                "attempts interrupted by the last stop are due again"
+            );
+        }
+        let pending = self.store.pending_by_subscription().await?;
+        let mut inner = self.lock();
+        inner.pending.clear();
+        for (uid, namespace, count) in pending {
+            *inner.pending.entry(namespace).or_default() += count;
+            inner.scheduler.wake(&uid);
+        }
+        drop(inner);
+        self.wakeup.notify_one();
+        Ok(())
+    }
+
+    /// Adds or updates a subscription. A uid the store has tombstoned stays removed.
+    pub async fn upsert(
+        &self,
+        config: SubscriptionConfig,
+    ) -> Result<SubscriptionState, EngineError> {
+        let state = self
+            .store
+            .upsert_subscription(SubscriptionRecord {
+                uid: config.uid.clone(),
+                namespace: config.namespace.clone(),
+                name: config.name.clone(),
+                paused: config.held(),
+                disable_after: config.disable_after,
+            })
+            .await?;
+        if !state.live {
+            return Ok(state);
+        }
+        let config = Arc::new(config);
+        let mut inner = self.lock();
+        let uid = config.uid.clone();
+        inner
+            .scheduler
+            .upsert_lane(&uid, &config.namespace, config.width);
+        inner
+            .by_namespace
+            .entry(config.namespace.clone())
+            .or_default()
+            .insert(uid.clone());
+        inner
+            .by_name
+            .insert((config.namespace.clone(), config.name.clone()), uid.clone());
+        let held = config.held();
+        inner.subs.insert(uid.clone(), config);
+        if !held {
+            inner.scheduler.wake(&uid);
+        }
+        drop(inner);
+        self.wakeup.notify_one();
+        Ok(state)
+    }
+
+    /// The purge-and-fence for a removed subscription: once this returns, no attempt for it
+    /// starts again. Returns how many unfinished deliveries were purged.
+    pub async fn remove(&self, uid: &str) -> Result<u64, EngineError> {
+        let purged = self.store.remove_subscription(uid).await?;
+        let mut inner = self.lock();
+        if let Some(config) = inner.subs.remove(uid) {
+            inner
+                .by_name
+                .remove(&(config.namespace.clone(), config.name.clone()));
+            if let Some(set) = inner.by_namespace.get_mut(&config.namespace) {
+                set.remove(uid);
+            }
+            inner.pending_sub(&config.namespace, purged);
+        }
+        inner.scheduler.remove_lane(uid);
+        inner.timer_at.remove(uid);
+        Ok(purged)
+    }
+
+    /// Sets (or with None clears) a namespace's quota.
+    pub fn set_quota(&self, namespace: &str, max_in_flight: Option<u32>, max_pending: Option<u64>) {
+        let mut inner = self.lock();
+        inner.scheduler.set_namespace_limit(
+            namespace,
+            max_in_flight.map(|n| n.max(crate::api::quota::MIN_NAMESPACE_IN_FLIGHT)),
+        );
+        match max_pending {
+            Some(limit) => inner.pending_limits.insert(namespace.to_string(), limit),
+            None => inner.pending_limits.remove(namespace),
+        };
+        drop(inner);
+        self.wakeup.notify_one();
+    }
+
+    pub fn subscription(&self, namespace: &str, name: &str) -> Option<Arc<SubscriptionConfig>> {
+        let inner = self.lock();
+        let uid = inner
+            .by_name
+            .get(&(namespace.to_string(), name.to_string()))?;
+        inner.subs.get(uid).cloned()
+    }
+
+    pub fn subscriptions(&self) -> Vec<Arc<SubscriptionConfig>> {
+        self.lock().subs.values().cloned().collect()
+    }
+
+    fn uid_of(&self, namespace: &str, name: &str) -> Result<String, EngineError> {
+        self.subscription(namespace, name)
+            .map(|c| c.uid.clone())
+            .ok_or_else(|| EngineError::NotFound(format!("{namespace}/{name}")))
+    }
+
+    /// Accepts an event: stored with one pending delivery per matching subscription before
+    /// this returns. A repeated `id` returns the first answer and delivers nothing again.
+    pub async fn publish(
+        &self,
+        namespace: &str,
+        id: Option<String>,
+        event_type: &str,
+        data: &RawValue,
+    ) -> Result<PublishResult, EngineError> {
+        let event_id = id.unwrap_or_else(|| format!("evt_{}", uuid::Uuid::now_v7().simple()));
+        let targets: Vec<String> = {
+            let inner = self.lock();
+            let targets: Vec<String> = inner
+                .by_namespace
+                .get(namespace)
+                .into_iter()
+                .flatten()
+                .filter(|uid| inner.subs.get(*uid).is_some_and(|c| c.matches(event_type)))
+                .cloned()
+                .collect();
+            let limit = inner
+                .pending_limits
+                .get(namespace)
+                .copied()
+                .unwrap_or(self.config.namespace_max_pending);
+            let pending = inner.pending.get(namespace).copied().unwrap_or(0);
+            if pending + targets.len() as u64 > limit {
+                return Err(EngineError::QuotaExceeded {
+                    namespace: namespace.to_string(),
+                    pending,
+                    more: targets.len() as u64,
+                    limit,
+                });
+            }
+            targets
+        };
+        #[derive(Serialize)]
+        struct Envelope<'a> {
+            id: &'a str,
+            #[serde(rename = "type")]
+            kind: &'a str,
+            timestamp: String,
+            data: &'a RawValue,
+        }
+        let published_ms = now_ms();
+        let body = serde_json::to_vec(&Envelope {
+            id: &event_id,
+            kind: event_type,
+            timestamp: k8s_openapi::jiff::Timestamp::from_millisecond(published_ms)
+                .map(|t| t.to_string())
+                .unwrap_or_default(),
+            data,
+        })
+        .map_err(|e| store::Error::Backend(e.to_string()))?;
+        let result = self
+            .store
+            .publish(
+                NewEvent {
+                    namespace: namespace.to_string(),
+                    event_id,
+                    event_type: event_type.to_string(),
+                    body,
+                    published_ms,
+                },
+                targets,
+            )
+            .await?;
+        if !result.targets.is_empty() {
+            let mut inner = self.lock();
+            *inner.pending.entry(namespace.to_string()).or_default() += result.targets.len() as u64;
+            for uid in &result.targets {
+                inner.scheduler.wake(uid);
+            }
+            drop(inner);
+            self.wakeup.notify_one();
+        }
+        Ok(result)
+    }
+
+    pub async fn list(
+        &self,
+        namespace: &str,
+        name: &str,
+        filter: StateFilter,
+        limit: u32,
+    ) -> Result<Vec<DeliveryView>, EngineError> {
+        let uid = self.uid_of(namespace, name)?;
+        Ok(self.store.list_deliveries(&uid, filter, limit).await?)
+    }
+
+    pub async fn attempts(
+        &self,
+        namespace: &str,
+        name: &str,
+        event_id: &str,
+    ) -> Result<Vec<AttemptRecord>, EngineError> {
+        let uid = self.uid_of(namespace, name)?;
+        Ok(self.store.attempts(&uid, event_id).await?)
+    }
+
+    /// Re-queues dead letters; refused while the subscription is disabled.
+    pub async fn replay(
+        &self,
+        namespace: &str,
+        name: &str,
+        event_ids: Option<Vec<String>>,
+    ) -> Result<u64, EngineError> {
+        let uid = self.uid_of(namespace, name)?;
+        let state = self
+            .store
+            .subscription_state(&uid)
+            .await?
+            .unwrap_or_default();
+        if state.disabled {
+            return Err(EngineError::Disabled(format!("{namespace}/{name}")));
+        }
+        let replayed = self.store.replay(&uid, event_ids, now_ms()).await?;
+        let mut inner = self.lock();
+        *inner.pending.entry(namespace.to_string()).or_default() += replayed;
+        inner.scheduler.wake(&uid);
+        drop(inner);
+        self.wakeup.notify_one();
+        Ok(replayed)
+    }
+
+    /// Re-enables an auto-disabled subscription.
+    pub async fn enable(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> Result<SubscriptionState, EngineError> {
+        let uid = self.uid_of(namespace, name)?;
+        let state = self.store.set_disabled(&uid, false).await?;
+        self.lock().scheduler.wake(&uid);
+        self.wakeup.notify_one();
+        Ok(state)
+    }
+
+    pub async fn state(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> Result<SubscriptionState, EngineError> {
+        let uid = self.uid_of(namespace, name)?;
+        Ok(self
+            .store
+            .subscription_state(&uid)
+            .await?
+            .unwrap_or_default())
+    }
+
+    /// Runs the dispatcher until the process ends: starts what the scheduler allows, fires
+    /// retry timers, prunes history now and then.
+    pub fn spawn(self: &Arc<Self>) -> tokio::task::JoinHandle<()> {
+        let engine = self.clone();
+        let pruner = self.clone();
+        tokio::spawn(async move {
+            let mut every = tokio::time::interval(Duration::from_secs(600));
+            loop {
+                every.tick().await;
+                let cutoff = now_ms() - pruner.config.history_retention.as_millis() as i64;
+                if let Err(e) = pruner.store.prune(cutoff).await {
+                    tracing::warn!(error = %e, "pruning attempt history failed");
+                }
+            }
+        });
+        tokio::spawn(async move { engine.dispatch().await })
+    }
+
+    async fn dispatch(self: Arc<Self>) {
+        loop {
+            let notified = self.wakeup.notified();
+            let (starts, next_timer) = {
+                let mut inner = self.lock();
+                let now = now_ms();
+                while inner
+                    .timers
+                    .peek()
+                    .is_some_and(|Reverse((at, _))| *at <= now)
+                {
+                    let Some(Reverse((at, uid))) = inner.timers.pop() else {
+                        break;
+                    };
+                    if inner.timer_at.get(&uid) == Some(&at) {
+                        inner.timer_at.remove(&uid);
+                    }
+                    inner.scheduler.wake(&uid);
+                }
+                let mut starts = Vec::new();
+                while let Some(uid) = inner.scheduler.next() {
+                    let epoch = inner.scheduler.epoch(&uid);
+                    match inner.subs.get(&uid) {
+                        Some(config) => starts.push((config.clone(), epoch)),
+                        None => inner.scheduler.release(&uid, ""),
+                    }
+                }
+                (starts, inner.timers.peek().map(|Reverse((at, _))| *at))
+            };
+            for (config, epoch) in starts {
+                let engine = self.clone();
+                tokio::spawn(async move { engine.attempt(config, epoch).await });
+            }
+            match next_timer {
+                Some(at) => {
+                    let wait = Duration::from_millis((at - now_ms()).max(0) as u64);
+                    tokio::select! {
+                        _ = notified => {}
+                        _ = tokio::time::sleep(wait) => {}
+                    }
+                }
+                None => notified.await,
+            }
+        }
+    }
+
+    /// One slot of a lane: claim the next due delivery (the fence), send it, record it.
+    async fn attempt(self: Arc<Self>, config: Arc<SubscriptionConfig>, epoch: u64) {
+        let uid = config.uid.as_str();
+        let claimed = match self.store.claim_next(uid, now_ms()).await {
+            Ok(Claim::Claimed(claimed)) => claimed,
+            Ok(Claim::Idle { next_due_ms }) => {
+                let mut inner = self.lock();
+                inner.scheduler.idle(uid, epoch);
+                inner.scheduler.release(uid, &config.namespace);
+                if let Some(at) = next_due_ms {
+                    inner.add_timer(uid, at);
+                }
+                drop(inner);
+                self.wakeup.notify_one();
+                return;
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, subscription = %config.name, namespace = %config.namespace, "claim failed; retrying in 1s");
+                let mut inner = self.lock();
+                inner.scheduler.release(uid, &config.namespace);
+                inner.add_timer(uid, now_ms() + 1000);
+                drop(inner);
+                self.wakeup.notify_one();
+                return;
+            }
+        };
+
+        let result = match &config.signer {
+            Some(signer) => {
+                let target = Target {
+                    url: &config.url,
+                    signer,
+                    timeout: config.timeout,
+                    headers: &config.headers,
+                };
+                self.sender.send(&target, &claimed).await
+            }
+            // The store holds a subscription without a signer as paused; this is a race
+            // with a configuration change. Nothing was sent: try again later.
+            None => super::http::AttemptResult {
+                outcome: Outcome::Transient,
+                status: None,
+                retry_after: None,
+                latency: Duration::ZERO,
+                message: config.not_ready.clone().unwrap_or_default(),
+            },
+        };
+
+        let now = now_ms();
+        let mut message = result.message.clone();
+        let next = match result.outcome {
+            Outcome::Accepted => Next::Delivered,
+            Outcome::Terminal => Next::DeadLetter,
+            Outcome::Transient => match retry::after_transient_failure(
+                &config.limits,
+                claimed.attempt,
+                claimed.window_start_ms,
+                now,
+                result.retry_after,
+                rand::random::<f64>(),
+            ) {
+                Decision::RetryAt { due_ms } => Next::Retry { due_ms },
+                Decision::GiveUp { reason } => {
+                    message = format!("{reason}; last: {message}");
+                    Next::DeadLetter
+                }
+            },
+        };
+        let record = AttemptRecord {
+            at_ms: now,
+            outcome: result.outcome.as_str().to_string(),
+            status_code: result.status,
+            latency_ms: result.latency.as_millis() as u64,
+            message: store::excerpt(message.as_bytes()),
+        };
+        let completion = self
+            .store
+            .complete(claimed.delivery_id, record.clone(), next)
+            .await;
+
+        let mut inner = self.lock();
+        inner.scheduler.release(uid, &config.namespace);
+        match &completion {
+            Ok(done) if done.recorded => match next {
+                Next::Retry { due_ms } => inner.add_timer(uid, due_ms),
+                Next::Delivered | Next::DeadLetter => inner.pending_sub(&config.namespace, 1),
+            },
+            Ok(_) => {}
+            Err(e) => {
+                tracing::error!(error = %e, "recording an attempt failed; it will be retried after a restart");
+            }
+        }
+        inner.scheduler.wake(uid);
+        drop(inner);
+        self.wakeup.notify_one();
+
+        let _ = self.notices.send(Notice::Attempt {
+            namespace: config.namespace.clone(),
+            name: config.name.clone(),
+            event_id: claimed.event_id.clone(),
+            attempt: claimed.attempt,
+            outcome: result.outcome,
+            status_code: result.status,
+            latency_ms: record.latency_ms,
+            next: match next {
+                Next::Delivered => "delivered",
+                Next::Retry { .. } => "retry",
+                Next::DeadLetter => "dead-letter",
+            },
+            message: record.message,
+        });
+        if let Ok(done) = completion {
+            if done.disabled_now {
+                tracing::warn!(namespace = %config.namespace, subscription = %config.name, failures = done.consecutive_failures, "subscription disabled after consecutive failures");
+                let _ = self.notices.send(Notice::Disabled {
+                    namespace: config.namespace.clone(),
+                    name: config.name.clone(),
+                    consecutive_failures: done.consecutive_failures,
+                });
+            }
+        }
+    }
+}

@@ -1,0 +1,203 @@
+//! One signed POST per attempt, over a shared connection pool (reqwest with rustls).
+//! Redirects are not followed; the egress guard checks IP-literal URLs here and resolved
+//! names at connect time.
+
+use std::error::Error as _;
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use reqwest::header::{CONTENT_TYPE, HeaderMap, HeaderName, HeaderValue, USER_AGENT};
+
+use super::egress::{EgressPolicy, GuardedResolver, Refused};
+use super::outcome::{Outcome, classify_status, parse_retry_after};
+use crate::signing::Signer;
+use crate::store::{Claimed, EXCERPT_BYTES, excerpt};
+
+/// Headers herald adds to every attempt besides the signature's.
+pub const EVENT_ID_HEADER: &str = "herald-event-id";
+pub const EVENT_TYPE_HEADER: &str = "herald-event-type";
+pub const ATTEMPT_HEADER: &str = "herald-attempt";
+
+/// What one attempt needs to know about its subscription.
+pub struct Target<'a> {
+    pub url: &'a reqwest::Url,
+    pub signer: &'a Signer,
+    pub timeout: Duration,
+    pub headers: &'a [(HeaderName, HeaderValue)],
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AttemptResult {
+    pub outcome: Outcome,
+    pub status: Option<u16>,
+    pub retry_after: Option<Duration>,
+    pub latency: Duration,
+    /// Response excerpt, or what went wrong.
+    pub message: String,
+}
+
+#[derive(Clone)]
+pub struct HttpSender {
+    client: reqwest::Client,
+    egress: Arc<EgressPolicy>,
+}
+
+impl HttpSender {
+    pub fn new(egress: EgressPolicy) -> anyhow::Result<Self> {
+        // reqwest is built without a bundled crypto provider; use ring, as kube does.
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let egress = Arc::new(egress);
+        let client = reqwest::Client::builder()
+            .redirect(reqwest::redirect::Policy::none())
+            .dns_resolver(Arc::new(GuardedResolver {
+                policy: egress.clone(),
+            }))
+            .no_proxy()
+            .tcp_nodelay(true)
+            .pool_idle_timeout(Duration::from_secs(60))
+            .connect_timeout(Duration::from_secs(10))
+            .build()?;
+        Ok(Self { client, egress })
+    }
+
+    pub async fn send(&self, target: &Target<'_>, claimed: &Claimed) -> AttemptResult {
+        let started = Instant::now();
+        let result = |outcome, status, retry_after, message: String| AttemptResult {
+            outcome,
+            status,
+            retry_after,
+            latency: started.elapsed(),
+            message,
+        };
+
+        if let Some(refused) = self.refused_literal(target.url) {
+            return result(Outcome::Terminal, None, None, refused.to_string());
+        }
+
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_secs() as i64;
+        let mut headers = HeaderMap::with_capacity(8 + target.headers.len());
+        for (name, value) in target.headers {
+            headers.append(name.clone(), value.clone());
+        }
+        for (name, value) in target.signer.sign(&claimed.event_id, now, &claimed.body) {
+            if let (Ok(name), Ok(value)) =
+                (HeaderName::try_from(name), HeaderValue::try_from(value))
+            {
+                headers.insert(name, value);
+            }
+        }
+        headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        headers.insert(
+            USER_AGENT,
+            HeaderValue::from_static(concat!("herald/", env!("CARGO_PKG_VERSION"))),
+        );
+        if let Ok(id) = HeaderValue::from_str(&claimed.event_id) {
+            headers.insert(EVENT_ID_HEADER, id);
+        }
+        if let Ok(kind) = HeaderValue::from_str(&claimed.event_type) {
+            headers.insert(EVENT_TYPE_HEADER, kind);
+        }
+        headers.insert(ATTEMPT_HEADER, HeaderValue::from(claimed.attempt));
+
+        let request = self
+            .client
+            .post(target.url.clone())
+            .headers(headers)
+            .timeout(target.timeout)
+            .body(claimed.body.clone());
+
+        let mut response = match request.send().await {
+            Ok(response) => response,
+            Err(error) => {
+                return match egress_refusal(&error) {
+                    Some(reason) => result(Outcome::Terminal, None, None, reason),
+                    None => result(
+                        Outcome::Transient,
+                        None,
+                        None,
+                        describe(&error, target.timeout),
+                    ),
+                };
+            }
+        };
+        let status = response.status().as_u16();
+        let retry_after = response
+            .headers()
+            .get(reqwest::header::RETRY_AFTER)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| parse_retry_after(v, SystemTime::now()));
+
+        // Only the excerpt is kept, so read no more than that.
+        let mut body = Vec::new();
+        let read_error = loop {
+            if body.len() >= EXCERPT_BYTES {
+                break None;
+            }
+            match response.chunk().await {
+                Ok(Some(chunk)) => body.extend_from_slice(&chunk),
+                Ok(None) => break None,
+                Err(e) => break Some(e),
+            }
+        };
+        let outcome = classify_status(status);
+        let mut message = excerpt(&body);
+        if let Some(e) = read_error {
+            if outcome == Outcome::Accepted {
+                // The status is the receiver's acknowledgment; a broken body does not undo it.
+                message = format!(
+                    "{message} (response body cut: {})",
+                    describe(&e, target.timeout)
+                );
+            }
+        }
+        if (300..400).contains(&status) && message.is_empty() {
+            message = "redirect not followed".into();
+        }
+        result(outcome, Some(status), retry_after, message)
+    }
+
+    fn refused_literal(&self, url: &reqwest::Url) -> Option<Refused> {
+        let ip = match url.host()? {
+            url::Host::Ipv4(v4) => std::net::IpAddr::V4(v4),
+            url::Host::Ipv6(v6) => std::net::IpAddr::V6(v6),
+            url::Host::Domain(_) => return None,
+        };
+        self.egress.check(ip).err()
+    }
+}
+
+/// The guard's refusal, if that is why the connection failed.
+fn egress_refusal(error: &reqwest::Error) -> Option<String> {
+    let mut source = error.source();
+    while let Some(e) = source {
+        let text = e.to_string();
+        if text.contains("egress refused") {
+            return Some(text);
+        }
+        source = e.source();
+    }
+    None
+}
+
+/// A transport error in words, without anything secret (URLs carry no credentials: the
+/// schema refuses user info).
+fn describe(error: &reqwest::Error, timeout: Duration) -> String {
+    if error.is_timeout() {
+        return format!("timed out after {}ms", timeout.as_millis());
+    }
+    let mut text = if error.is_connect() {
+        "connect error".to_string()
+    } else {
+        "transport error".to_string()
+    };
+    let mut source = error.source();
+    while let Some(e) = source {
+        text.push_str(": ");
+        text.push_str(&e.to_string());
+        source = e.source();
+    }
+    text.chars().take(EXCERPT_BYTES).collect()
+}

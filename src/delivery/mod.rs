@@ -1,0 +1,117 @@
+//! The delivery engine: per-subscription lanes under namespace quotas and a global limit
+//! ([`scheduler`]), attempts fenced in the store, signed POSTs ([`http`]) behind the egress
+//! guard ([`egress`]), outcome classes ([`outcome`]) and retries ([`retry`]).
+
+pub mod egress;
+pub mod engine;
+pub mod http;
+pub mod outcome;
+pub mod retry;
+pub mod scheduler;
+
+use std::time::Duration;
+
+use reqwest::header::{HeaderName, HeaderValue};
+
+use crate::api::WebhookSubscriptionSpec;
+use crate::signing::Signer;
+use retry::RetryLimits;
+
+pub use engine::{Engine, EngineConfig, Notice};
+
+/// A subscription as the engine runs it: its spec, resolved and checked.
+#[derive(Clone, Debug)]
+pub struct SubscriptionConfig {
+    pub uid: String,
+    pub namespace: String,
+    pub name: String,
+    pub url: reqwest::Url,
+    pub event_types: Vec<String>,
+    /// None when the secret could not be resolved; such a subscription is held like a
+    /// paused one and its Ready condition says why.
+    pub signer: Option<Signer>,
+    pub not_ready: Option<String>,
+    pub timeout: Duration,
+    pub width: u32,
+    pub limits: RetryLimits,
+    pub headers: Vec<(HeaderName, HeaderValue)>,
+    pub paused: bool,
+    pub disable_after: u32,
+}
+
+impl SubscriptionConfig {
+    /// Builds the engine's view of a spec. `secrets` are the resolved secret values in the
+    /// spec's order (current first), or the reason they could not be read.
+    pub fn from_spec(
+        uid: String,
+        namespace: String,
+        name: String,
+        spec: &WebhookSubscriptionSpec,
+        secrets: Result<Vec<String>, String>,
+    ) -> Result<Self, String> {
+        let url = reqwest::Url::parse(&spec.url).map_err(|e| format!("spec.url: {e}"))?;
+        if !matches!(url.scheme(), "http" | "https") || url.host().is_none() {
+            return Err("spec.url must be an absolute http:// or https:// URL".into());
+        }
+        if !url.username().is_empty() || url.password().is_some() {
+            return Err("spec.url must not carry user info".into());
+        }
+        let mut headers = Vec::with_capacity(spec.headers.len());
+        for (name, value) in &spec.headers {
+            let name = HeaderName::try_from(name.as_str())
+                .map_err(|_| format!("header name {name:?} is invalid"))?;
+            if crate::api::subscription::RESERVED_HEADERS.contains(&name.as_str()) {
+                return Err(format!(
+                    "header {name} is set by herald and cannot be overridden"
+                ));
+            }
+            let value = HeaderValue::try_from(value.as_str())
+                .map_err(|_| format!("header {name} has an invalid value"))?;
+            headers.push((name, value));
+        }
+        let (signer, not_ready) = match secrets {
+            Ok(secrets) => match Signer::new(
+                spec.signing.scheme,
+                &secrets,
+                spec.signing.header.as_deref(),
+            ) {
+                Ok(signer) => (Some(signer), None),
+                Err(e) => (None, Some(format!("signing secret unusable: {e}"))),
+            },
+            Err(reason) => (None, Some(reason)),
+        };
+        let delivery = &spec.delivery;
+        Ok(Self {
+            uid,
+            namespace,
+            name,
+            url,
+            event_types: spec.event_types.clone(),
+            signer,
+            not_ready,
+            timeout: delivery.timeout.get(),
+            width: delivery.max_in_flight.max(1),
+            limits: RetryLimits {
+                max_attempts: delivery.retry.max_attempts.max(1),
+                max_duration: delivery.retry.max_duration.get(),
+                initial_backoff: delivery.retry.initial_backoff.get(),
+                max_backoff: delivery.retry.max_backoff.get(),
+                retry_after_cap: delivery.retry_after_cap.get(),
+            },
+            headers,
+            paused: spec.paused,
+            disable_after: spec.disable_after_consecutive_failures,
+        })
+    }
+
+    pub fn matches(&self, event_type: &str) -> bool {
+        self.event_types
+            .iter()
+            .any(|pattern| crate::api::subscription::event_type_matches(pattern, event_type))
+    }
+
+    /// Held: paused by spec or not deliverable.
+    pub fn held(&self) -> bool {
+        self.paused || self.signer.is_none()
+    }
+}

@@ -1,0 +1,330 @@
+//! The lane scheduler: decides which subscription's lane may start its next attempt.
+//!
+//! Each subscription has a lane of bounded width (its `maxInFlight`). Lanes of one
+//! namespace share that namespace's in-flight quota; all lanes share the global limit.
+//! Namespaces with ready lanes are served round-robin, and within a namespace lanes are
+//! served round-robin, so a namespace with thousands of due attempts to dead receivers
+//! gets one turn like any other. A lane that cannot start (its width, its namespace's quota
+//! or the global limit is used up) holds nothing: it just waits in a queue until a slot is
+//! released. Pure bookkeeping, no I/O: the engine asks [`Scheduler::next`] for a lane, runs
+//! the attempt, and calls [`Scheduler::release`].
+
+use std::collections::{HashMap, VecDeque};
+
+#[derive(Debug)]
+struct Lane {
+    namespace: String,
+    width: u32,
+    in_flight: u32,
+    /// The lane may have due work (set on publish, timer, release; cleared when the store
+    /// says it has nothing due).
+    wants: bool,
+    /// Queued in its namespace's ready queue.
+    queued: bool,
+    /// Bumped by every wake, so that a stale "nothing due" cannot cancel a newer wake.
+    epoch: u64,
+}
+
+#[derive(Debug)]
+struct Namespace {
+    limit: u32,
+    in_flight: u32,
+    ready: VecDeque<String>,
+    /// Listed in the round-robin of namespaces.
+    listed: bool,
+}
+
+#[derive(Debug)]
+pub struct Scheduler {
+    global_limit: u32,
+    global_in_flight: u32,
+    default_namespace_limit: u32,
+    lanes: HashMap<String, Lane>,
+    namespaces: HashMap<String, Namespace>,
+    round_robin: VecDeque<String>,
+}
+
+impl Scheduler {
+    pub fn new(global_limit: u32, default_namespace_limit: u32) -> Self {
+        Self {
+            global_limit,
+            global_in_flight: 0,
+            default_namespace_limit,
+            lanes: HashMap::new(),
+            namespaces: HashMap::new(),
+            round_robin: VecDeque::new(),
+        }
+    }
+
+    fn namespace(&mut self, name: &str) -> &mut Namespace {
+        let default = self.default_namespace_limit;
+        self.namespaces
+            .entry(name.to_string())
+            .or_insert_with(|| Namespace {
+                limit: default,
+                in_flight: 0,
+                ready: VecDeque::new(),
+                listed: false,
+            })
+    }
+
+    /// Adds or reconfigures a lane.
+    pub fn upsert_lane(&mut self, uid: &str, namespace: &str, width: u32) {
+        self.namespace(namespace);
+        match self.lanes.get_mut(uid) {
+            Some(lane) => {
+                lane.width = width.max(1);
+            }
+            None => {
+                self.lanes.insert(
+                    uid.to_string(),
+                    Lane {
+                        namespace: namespace.to_string(),
+                        width: width.max(1),
+                        in_flight: 0,
+                        wants: false,
+                        queued: false,
+                        epoch: 0,
+                    },
+                );
+            }
+        }
+    }
+
+    /// Forgets a lane; attempts still on the wire release into nothing.
+    pub fn remove_lane(&mut self, uid: &str) {
+        self.lanes.remove(uid);
+    }
+
+    pub fn has_lane(&self, uid: &str) -> bool {
+        self.lanes.contains_key(uid)
+    }
+
+    /// Sets a namespace's in-flight quota (None: back to the default).
+    pub fn set_namespace_limit(&mut self, namespace: &str, limit: Option<u32>) {
+        let default = self.default_namespace_limit;
+        let ns = self.namespace(namespace);
+        ns.limit = limit.unwrap_or(default);
+        self.relist(namespace);
+    }
+
+    /// The lane may have due work.
+    pub fn wake(&mut self, uid: &str) {
+        if let Some(lane) = self.lanes.get_mut(uid) {
+            lane.wants = true;
+            lane.epoch += 1;
+        }
+        self.enqueue(uid);
+    }
+
+    /// The lane's wake count, to pass back to [`Scheduler::idle`].
+    pub fn epoch(&self, uid: &str) -> u64 {
+        self.lanes.get(uid).map_or(0, |lane| lane.epoch)
+    }
+
+    /// The store found nothing due for the lane, as of wake count `epoch`; a wake since
+    /// then keeps the lane wanting.
+    pub fn idle(&mut self, uid: &str, epoch: u64) {
+        if let Some(lane) = self.lanes.get_mut(uid) {
+            if lane.epoch == epoch {
+                lane.wants = false;
+            }
+        }
+    }
+
+    fn enqueue(&mut self, uid: &str) {
+        let Some(lane) = self.lanes.get_mut(uid) else {
+            return;
+        };
+        if lane.queued || !lane.wants || lane.in_flight >= lane.width {
+            return;
+        }
+        lane.queued = true;
+        let namespace = lane.namespace.clone();
+        self.namespace(&namespace).ready.push_back(uid.to_string());
+        self.relist(&namespace);
+    }
+
+    fn relist(&mut self, namespace: &str) {
+        let ns = self.namespace(namespace);
+        if !ns.listed && !ns.ready.is_empty() && ns.in_flight < ns.limit {
+            ns.listed = true;
+            self.round_robin.push_back(namespace.to_string());
+        }
+    }
+
+    /// The next lane to start an attempt, with its slot taken; None when nothing can start.
+    pub fn next(&mut self) -> Option<String> {
+        while self.global_in_flight < self.global_limit {
+            let namespace = self.round_robin.pop_front()?;
+            let Some(ns) = self.namespaces.get_mut(&namespace) else {
+                continue;
+            };
+            ns.listed = false;
+            if ns.in_flight >= ns.limit {
+                continue; // relisted on release
+            }
+            let Some(uid) = ns.ready.pop_front() else {
+                continue;
+            };
+            let Some(lane) = self.lanes.get_mut(&uid) else {
+                self.relist(&namespace);
+                continue; // removed while queued
+            };
+            lane.queued = false;
+            if !lane.wants || lane.in_flight >= lane.width {
+                self.relist(&namespace);
+                continue;
+            }
+            lane.in_flight += 1;
+            ns.in_flight += 1;
+            self.global_in_flight += 1;
+            // Wider lanes go to the back of their namespace's queue for their next slot.
+            self.enqueue(&uid);
+            self.relist(&namespace);
+            return Some(uid);
+        }
+        None
+    }
+
+    /// An attempt of the lane finished (or found nothing to do): give its slot back.
+    pub fn release(&mut self, uid: &str, namespace: &str) {
+        self.global_in_flight = self.global_in_flight.saturating_sub(1);
+        if let Some(ns) = self.namespaces.get_mut(namespace) {
+            ns.in_flight = ns.in_flight.saturating_sub(1);
+        }
+        if let Some(lane) = self.lanes.get_mut(uid) {
+            lane.in_flight = lane.in_flight.saturating_sub(1);
+        }
+        self.enqueue(uid);
+        self.relist(namespace);
+    }
+
+    pub fn in_flight(&self) -> u32 {
+        self.global_in_flight
+    }
+
+    pub fn namespace_in_flight(&self, namespace: &str) -> u32 {
+        self.namespaces.get(namespace).map_or(0, |ns| ns.in_flight)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn drain(s: &mut Scheduler) -> Vec<String> {
+        std::iter::from_fn(|| s.next()).collect()
+    }
+
+    #[test]
+    fn a_busy_lane_never_blocks_another() {
+        let mut s = Scheduler::new(100, 50);
+        for i in 0..9 {
+            s.upsert_lane(&format!("sub{i}"), "ns", 1);
+        }
+        for i in 0..8 {
+            s.wake(&format!("sub{i}"));
+        }
+        assert_eq!(drain(&mut s).len(), 8);
+        // Eight held, the ninth becomes due: it starts at once.
+        s.wake("sub8");
+        assert_eq!(s.next().as_deref(), Some("sub8"));
+    }
+
+    #[test]
+    fn lane_width_bounds_a_subscription() {
+        let mut s = Scheduler::new(100, 50);
+        s.upsert_lane("wide", "ns", 3);
+        s.upsert_lane("narrow", "ns", 1);
+        s.wake("wide");
+        s.wake("narrow");
+        let mut started = drain(&mut s);
+        started.sort();
+        assert_eq!(started, ["narrow", "wide", "wide", "wide"]);
+        s.release("wide", "ns");
+        assert_eq!(s.next().as_deref(), Some("wide"));
+        assert_eq!(s.next(), None);
+    }
+
+    #[test]
+    fn namespace_quota_does_not_hold_other_namespaces() {
+        let mut s = Scheduler::new(1000, 16);
+        for i in 0..100 {
+            s.upsert_lane(&format!("dead{i}"), "noisy", 1);
+            s.wake(&format!("dead{i}"));
+        }
+        assert_eq!(drain(&mut s).len(), 16, "noisy is held to its quota");
+        s.upsert_lane("healthy", "quiet", 1);
+        s.wake("healthy");
+        assert_eq!(s.next().as_deref(), Some("healthy"));
+        assert_eq!(s.namespace_in_flight("noisy"), 16);
+        // A release lets exactly one more noisy lane in.
+        s.release("dead0", "noisy");
+        assert!(s.next().unwrap().starts_with("dead"));
+        assert_eq!(s.next(), None);
+    }
+
+    #[test]
+    fn namespaces_take_turns_under_the_global_limit() {
+        let mut s = Scheduler::new(4, 100);
+        for i in 0..50 {
+            s.upsert_lane(&format!("a{i}"), "a", 1);
+            s.wake(&format!("a{i}"));
+        }
+        for i in 0..2 {
+            s.upsert_lane(&format!("b{i}"), "b", 1);
+            s.wake(&format!("b{i}"));
+        }
+        let first = drain(&mut s);
+        assert_eq!(
+            first.iter().filter(|u| u.starts_with('b')).count(),
+            2,
+            "{first:?}"
+        );
+        assert_eq!(first.len(), 4);
+        // As slots free up, "b" lanes that become due again are served before "a"'s backlog.
+        for uid in &first {
+            let ns = &uid[..1];
+            s.release(uid, ns);
+        }
+        s.wake("b0");
+        let second = drain(&mut s);
+        assert!(second.contains(&"b0".to_string()), "{second:?}");
+    }
+
+    #[test]
+    fn idle_lanes_are_not_scheduled_and_removed_lanes_vanish() {
+        let mut s = Scheduler::new(10, 10);
+        s.upsert_lane("x", "ns", 1);
+        s.wake("x");
+        let seen = s.epoch("x");
+        s.wake("x"); // a publish lands after the store said "nothing due"
+        s.idle("x", seen);
+        assert_eq!(
+            s.next().as_deref(),
+            Some("x"),
+            "a newer wake survives a stale idle"
+        );
+        s.release("x", "ns");
+        s.idle("x", s.epoch("x"));
+        assert_eq!(s.next(), None);
+        s.wake("x");
+        s.remove_lane("x");
+        assert_eq!(s.next(), None);
+        s.release("x", "ns"); // a late release of a removed lane is harmless
+        assert_eq!(s.in_flight(), 0);
+    }
+
+    #[test]
+    fn raising_a_quota_lets_waiting_lanes_start() {
+        let mut s = Scheduler::new(100, 1);
+        s.upsert_lane("a", "ns", 1);
+        s.upsert_lane("b", "ns", 1);
+        s.wake("a");
+        s.wake("b");
+        assert_eq!(drain(&mut s).len(), 1);
+        s.set_namespace_limit("ns", Some(2));
+        assert_eq!(drain(&mut s).len(), 1);
+    }
+}
