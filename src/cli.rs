@@ -30,10 +30,14 @@ enum Command {
     Sign(SignArgs),
     /// Check a received request's signature headers; exit 0 when valid, 1 with the reason.
     Verify(VerifyArgs),
+    /// Run herald: the delivery engine and the ingest API.
+    Run(Box<crate::run::RunArgs>),
+    /// A small receiver for trying herald out: verifies each delivery and prints it.
+    Receive(crate::run::ReceiveArgs),
 }
 
 #[derive(ValueEnum, Clone, Copy, Debug)]
-enum SchemeArg {
+pub(crate) enum SchemeArg {
     StandardWebhooks,
     Stripe,
 }
@@ -136,6 +140,8 @@ impl Cli {
             Command::Crds => crds(),
             Command::Sign(args) => sign(args),
             Command::Verify(args) => return verify(args),
+            Command::Run(args) => crate::run::run(*args),
+            Command::Receive(args) => crate::run::receive(args),
         };
         match result {
             Ok(()) => ExitCode::SUCCESS,

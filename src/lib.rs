@@ -5,5 +5,8 @@
 pub mod api;
 pub mod cli;
 pub mod delivery;
+pub mod ingest;
+pub mod run;
 pub mod signing;
+pub mod standalone;
 pub mod store;

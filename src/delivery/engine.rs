@@ -463,7 +463,7 @@ impl Engine {
                     inner.scheduler.wake(&uid);
                 }
                 let mut starts = Vec::new();
-                while let Some(uid) = inner.scheduler.next() {
+                while let Some(uid) = inner.scheduler.start_next() {
                     let epoch = inner.scheduler.epoch(&uid);
                     match inner.subs.get(&uid) {
                         Some(config) => starts.push((config.clone(), epoch)),
@@ -600,15 +600,15 @@ impl Engine {
             },
             message: record.message,
         });
-        if let Ok(done) = completion {
-            if done.disabled_now {
-                tracing::warn!(namespace = %config.namespace, subscription = %config.name, failures = done.consecutive_failures, "subscription disabled after consecutive failures");
-                let _ = self.notices.send(Notice::Disabled {
-                    namespace: config.namespace.clone(),
-                    name: config.name.clone(),
-                    consecutive_failures: done.consecutive_failures,
-                });
-            }
+        if let Ok(done) = completion
+            && done.disabled_now
+        {
+            tracing::warn!(namespace = %config.namespace, subscription = %config.name, failures = done.consecutive_failures, "subscription disabled after consecutive failures");
+            let _ = self.notices.send(Notice::Disabled {
+                namespace: config.namespace.clone(),
+                name: config.name.clone(),
+                consecutive_failures: done.consecutive_failures,
+            });
         }
     }
 }

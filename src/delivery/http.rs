@@ -144,14 +144,14 @@ impl HttpSender {
         };
         let outcome = classify_status(status);
         let mut message = excerpt(&body);
-        if let Some(e) = read_error {
-            if outcome == Outcome::Accepted {
-                // The status is the receiver's acknowledgment; a broken body does not undo it.
-                message = format!(
-                    "{message} (response body cut: {})",
-                    describe(&e, target.timeout)
-                );
-            }
+        if let Some(e) = read_error
+            && outcome == Outcome::Accepted
+        {
+            // The status is the receiver's acknowledgment; a broken body does not undo it.
+            message = format!(
+                "{message} (response body cut: {})",
+                describe(&e, target.timeout)
+            );
         }
         if (300..400).contains(&status) && message.is_empty() {
             message = "redirect not followed".into();

@@ -6,7 +6,7 @@
 //! served round-robin, so a namespace with thousands of due attempts to dead receivers
 //! gets one turn like any other. A lane that cannot start (its width, its namespace's quota
 //! or the global limit is used up) holds nothing: it just waits in a queue until a slot is
-//! released. Pure bookkeeping, no I/O: the engine asks [`Scheduler::next`] for a lane, runs
+//! released. Pure bookkeeping, no I/O: the engine asks [`Scheduler::start_next`] for a lane, runs
 //! the attempt, and calls [`Scheduler::release`].
 
 use std::collections::{HashMap, VecDeque};
@@ -125,10 +125,10 @@ impl Scheduler {
     /// The store found nothing due for the lane, as of wake count `epoch`; a wake since
     /// then keeps the lane wanting.
     pub fn idle(&mut self, uid: &str, epoch: u64) {
-        if let Some(lane) = self.lanes.get_mut(uid) {
-            if lane.epoch == epoch {
-                lane.wants = false;
-            }
+        if let Some(lane) = self.lanes.get_mut(uid)
+            && lane.epoch == epoch
+        {
+            lane.wants = false;
         }
     }
 
@@ -154,7 +154,7 @@ impl Scheduler {
     }
 
     /// The next lane to start an attempt, with its slot taken; None when nothing can start.
-    pub fn next(&mut self) -> Option<String> {
+    pub fn start_next(&mut self) -> Option<String> {
         while self.global_in_flight < self.global_limit {
             let namespace = self.round_robin.pop_front()?;
             let Some(ns) = self.namespaces.get_mut(&namespace) else {
@@ -214,7 +214,7 @@ mod tests {
     use super::*;
 
     fn drain(s: &mut Scheduler) -> Vec<String> {
-        std::iter::from_fn(|| s.next()).collect()
+        std::iter::from_fn(|| s.start_next()).collect()
     }
 
     #[test]
@@ -229,7 +229,7 @@ mod tests {
         assert_eq!(drain(&mut s).len(), 8);
         // Eight held, the ninth becomes due: it starts at once.
         s.wake("sub8");
-        assert_eq!(s.next().as_deref(), Some("sub8"));
+        assert_eq!(s.start_next().as_deref(), Some("sub8"));
     }
 
     #[test]
@@ -243,8 +243,8 @@ mod tests {
         started.sort();
         assert_eq!(started, ["narrow", "wide", "wide", "wide"]);
         s.release("wide", "ns");
-        assert_eq!(s.next().as_deref(), Some("wide"));
-        assert_eq!(s.next(), None);
+        assert_eq!(s.start_next().as_deref(), Some("wide"));
+        assert_eq!(s.start_next(), None);
     }
 
     #[test]
@@ -257,12 +257,12 @@ mod tests {
         assert_eq!(drain(&mut s).len(), 16, "noisy is held to its quota");
         s.upsert_lane("healthy", "quiet", 1);
         s.wake("healthy");
-        assert_eq!(s.next().as_deref(), Some("healthy"));
+        assert_eq!(s.start_next().as_deref(), Some("healthy"));
         assert_eq!(s.namespace_in_flight("noisy"), 16);
         // A release lets exactly one more noisy lane in.
         s.release("dead0", "noisy");
-        assert!(s.next().unwrap().starts_with("dead"));
-        assert_eq!(s.next(), None);
+        assert!(s.start_next().unwrap().starts_with("dead"));
+        assert_eq!(s.start_next(), None);
     }
 
     #[test]
@@ -302,16 +302,16 @@ mod tests {
         s.wake("x"); // a publish lands after the store said "nothing due"
         s.idle("x", seen);
         assert_eq!(
-            s.next().as_deref(),
+            s.start_next().as_deref(),
             Some("x"),
             "a newer wake survives a stale idle"
         );
         s.release("x", "ns");
         s.idle("x", s.epoch("x"));
-        assert_eq!(s.next(), None);
+        assert_eq!(s.start_next(), None);
         s.wake("x");
         s.remove_lane("x");
-        assert_eq!(s.next(), None);
+        assert_eq!(s.start_next(), None);
         s.release("x", "ns"); // a late release of a removed lane is harmless
         assert_eq!(s.in_flight(), 0);
     }

@@ -1,0 +1,328 @@
+//! The ingest API (axum): producers publish events; operators list attempts, replay dead
+//! letters and re-enable subscriptions. Every error is a JSON body
+//! `{"error": {"code": ..., "message": ...}}`, and a refused request writes nothing.
+
+pub mod auth;
+
+use std::sync::Arc;
+
+use axum::body::Body;
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde::Deserialize;
+use serde_json::json;
+use serde_json::value::RawValue;
+
+use crate::delivery::engine::{Engine, EngineError};
+use crate::store::StateFilter;
+use auth::{AccessRequest, AuthError, Authorizer, Verb};
+
+/// Default largest accepted event body.
+pub const DEFAULT_MAX_BODY: usize = 1024 * 1024;
+
+#[derive(Clone)]
+pub struct Api {
+    pub engine: Arc<Engine>,
+    pub auth: Arc<dyn Authorizer>,
+    pub max_body: usize,
+}
+
+/// An API error: status, a stable code, a message for people.
+#[derive(Debug)]
+pub struct ApiError {
+    status: StatusCode,
+    code: &'static str,
+    message: String,
+}
+
+impl ApiError {
+    fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
+        Self {
+            status,
+            code,
+            message: message.into(),
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let body = Json(json!({"error": {"code": self.code, "message": self.message}}));
+        (self.status, body).into_response()
+    }
+}
+
+impl From<AuthError> for ApiError {
+    fn from(e: AuthError) -> Self {
+        match e {
+            AuthError::Unauthenticated(m) => {
+                Self::new(StatusCode::UNAUTHORIZED, "unauthenticated", m)
+            }
+            AuthError::Forbidden(m) => Self::new(StatusCode::FORBIDDEN, "forbidden", m),
+            AuthError::Unavailable(m) => {
+                Self::new(StatusCode::SERVICE_UNAVAILABLE, "auth_unavailable", m)
+            }
+        }
+    }
+}
+
+impl From<EngineError> for ApiError {
+    fn from(e: EngineError) -> Self {
+        let message = e.to_string();
+        match e {
+            EngineError::NotFound(_) => Self::new(StatusCode::NOT_FOUND, "not_found", message),
+            EngineError::QuotaExceeded { .. } => {
+                Self::new(StatusCode::TOO_MANY_REQUESTS, "quota_exceeded", message)
+            }
+            EngineError::Disabled(_) => {
+                Self::new(StatusCode::CONFLICT, "subscription_disabled", message)
+            }
+            EngineError::Store(_) => Self::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "store_unavailable",
+                message,
+            ),
+        }
+    }
+}
+
+type ApiResult<T> = Result<T, ApiError>;
+
+pub fn router(api: Api) -> Router {
+    Router::new()
+        .route("/v1/namespaces/{namespace}/events", post(publish))
+        .route(
+            "/v1/namespaces/{namespace}/subscriptions/{name}",
+            get(subscription_state),
+        )
+        .route(
+            "/v1/namespaces/{namespace}/subscriptions/{name}/attempts",
+            get(list_attempts),
+        )
+        .route(
+            "/v1/namespaces/{namespace}/subscriptions/{name}/events/{event_id}/attempts",
+            get(event_attempts),
+        )
+        .route(
+            "/v1/namespaces/{namespace}/subscriptions/{name}/replay",
+            post(replay),
+        )
+        .route(
+            "/v1/namespaces/{namespace}/subscriptions/{name}/enable",
+            post(enable),
+        )
+        .route("/healthz", get(|| async { "ok" }))
+        .route("/readyz", get(|| async { "ok" }))
+        .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such route") })
+        .with_state(api)
+}
+
+/// A Kubernetes namespace name (RFC 1123 label).
+fn check_namespace(namespace: &str) -> ApiResult<()> {
+    let ok = !namespace.is_empty()
+        && namespace.len() <= 63
+        && namespace
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !namespace.starts_with('-')
+        && !namespace.ends_with('-');
+    ok.then_some(()).ok_or_else(|| {
+        ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "invalid_namespace",
+            format!("{namespace:?} is not a namespace name"),
+        )
+    })
+}
+
+async fn authorize(
+    api: &Api,
+    verb: Verb,
+    namespace: &str,
+    subscription: Option<&str>,
+    headers: &HeaderMap,
+) -> ApiResult<()> {
+    check_namespace(namespace)?;
+    api.auth
+        .authorize(&AccessRequest {
+            verb,
+            namespace,
+            subscription,
+            headers,
+        })
+        .await
+        .map_err(ApiError::from)
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PublishRequest {
+    id: Option<String>,
+    #[serde(rename = "type")]
+    kind: String,
+    data: Option<Box<RawValue>>,
+}
+
+fn bad_request(code: &'static str, message: impl Into<String>) -> ApiError {
+    ApiError::new(StatusCode::BAD_REQUEST, code, message)
+}
+
+async fn publish(
+    State(api): State<Api>,
+    Path(namespace): Path<String>,
+    headers: HeaderMap,
+    body: Body,
+) -> ApiResult<Response> {
+    authorize(&api, Verb::Publish, &namespace, None, &headers).await?;
+    let too_large = || {
+        ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "body_too_large",
+            format!("the event body is larger than {} bytes", api.max_body),
+        )
+    };
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<usize>().ok());
+    if declared.is_some_and(|n| n > api.max_body) {
+        return Err(too_large());
+    }
+    let bytes = axum::body::to_bytes(body, api.max_body)
+        .await
+        .map_err(|_| too_large())?;
+    let request: PublishRequest = serde_json::from_slice(&bytes)
+        .map_err(|e| bad_request("invalid_event", format!("the body must be a JSON object {{\"type\": string, \"id\"?: string, \"data\"?: any}}: {e}")))?;
+    if request.kind.is_empty()
+        || request.kind.len() > 253
+        || !request
+            .kind
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"_.:/-".contains(&b))
+    {
+        return Err(bad_request(
+            "invalid_type",
+            "type must be 1-253 characters of letters, digits and _ . : / -",
+        ));
+    }
+    if let Some(id) = &request.id
+        && (id.is_empty() || id.len() > 255 || !id.bytes().all(|b| b.is_ascii_graphic()))
+    {
+        return Err(bad_request(
+            "invalid_id",
+            "id must be 1-255 visible ASCII characters",
+        ));
+    }
+    let null = RawValue::NULL;
+    let data = request.data.as_deref().unwrap_or(null);
+    let result = api
+        .engine
+        .publish(&namespace, request.id, &request.kind, data)
+        .await?;
+    Ok((
+        StatusCode::ACCEPTED,
+        Json(json!({"id": result.event_id, "matched": result.matched})),
+    )
+        .into_response())
+}
+
+#[derive(Deserialize)]
+struct ListQuery {
+    state: Option<String>,
+    limit: Option<u32>,
+}
+
+async fn list_attempts(
+    State(api): State<Api>,
+    Path((namespace, name)): Path<(String, String)>,
+    Query(query): Query<ListQuery>,
+    headers: HeaderMap,
+) -> ApiResult<Json<serde_json::Value>> {
+    authorize(&api, Verb::Read, &namespace, Some(&name), &headers).await?;
+    let filter = match query.state.as_deref().unwrap_or("all") {
+        "dead" => StateFilter::Dead,
+        "pending" => StateFilter::Pending,
+        "all" => StateFilter::All,
+        other => {
+            return Err(bad_request(
+                "invalid_state",
+                format!("state {other:?} is not dead, pending or all"),
+            ));
+        }
+    };
+    let limit = query.limit.unwrap_or(100).clamp(1, 10_000);
+    let items = api.engine.list(&namespace, &name, filter, limit).await?;
+    Ok(Json(json!({"items": items})))
+}
+
+async fn event_attempts(
+    State(api): State<Api>,
+    Path((namespace, name, event_id)): Path<(String, String, String)>,
+    headers: HeaderMap,
+) -> ApiResult<Json<serde_json::Value>> {
+    authorize(&api, Verb::Read, &namespace, Some(&name), &headers).await?;
+    let items = api.engine.attempts(&namespace, &name, &event_id).await?;
+    Ok(Json(json!({"items": items})))
+}
+
+async fn subscription_state(
+    State(api): State<Api>,
+    Path((namespace, name)): Path<(String, String)>,
+    headers: HeaderMap,
+) -> ApiResult<Json<serde_json::Value>> {
+    authorize(&api, Verb::Read, &namespace, Some(&name), &headers).await?;
+    let state = api.engine.state(&namespace, &name).await?;
+    Ok(Json(serde_json::to_value(state).unwrap_or_default()))
+}
+
+#[derive(Deserialize, Default)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct ReplayRequest {
+    event_ids: Option<Vec<String>>,
+}
+
+async fn replay(
+    State(api): State<Api>,
+    Path((namespace, name)): Path<(String, String)>,
+    headers: HeaderMap,
+    body: Body,
+) -> ApiResult<Json<serde_json::Value>> {
+    authorize(&api, Verb::Manage, &namespace, Some(&name), &headers).await?;
+    let bytes = axum::body::to_bytes(body, api.max_body)
+        .await
+        .map_err(|_| {
+            ApiError::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "body_too_large",
+                "the replay request is too large",
+            )
+        })?;
+    let request: ReplayRequest = if bytes.iter().all(u8::is_ascii_whitespace) {
+        ReplayRequest::default()
+    } else {
+        serde_json::from_slice(&bytes).map_err(|e| {
+            bad_request(
+                "invalid_replay",
+                format!("expected {{\"eventIds\"?: [string]}}: {e}"),
+            )
+        })?
+    };
+    let replayed = api
+        .engine
+        .replay(&namespace, &name, request.event_ids)
+        .await?;
+    Ok(Json(json!({"replayed": replayed})))
+}
+
+async fn enable(
+    State(api): State<Api>,
+    Path((namespace, name)): Path<(String, String)>,
+    headers: HeaderMap,
+) -> ApiResult<Json<serde_json::Value>> {
+    authorize(&api, Verb::Manage, &namespace, Some(&name), &headers).await?;
+    let state = api.engine.enable(&namespace, &name).await?;
+    Ok(Json(serde_json::to_value(state).unwrap_or_default()))
+}

@@ -1,0 +1,273 @@
+//! Standalone mode: herald without a cluster. Subscriptions, quotas and secrets come from a
+//! folder of the same YAML a user would `kubectl apply`; the folder is re-read when it
+//! changes (polled every second) or on SIGHUP. A subscription that disappears from the
+//! folder takes the same purge-and-fence path as a deleted object in a cluster.
+//!
+//! A folder that does not parse, or holds an invalid subscription, is not applied at all:
+//! a typo must never look like a deletion and purge pending deliveries.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use base64::Engine as _;
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+
+use crate::api::{WebhookQuotaSpec, WebhookSubscriptionSpec};
+use crate::delivery::{Engine, SubscriptionConfig};
+
+type Key = (String, String);
+
+/// Everything the folder declares.
+#[derive(Debug, Default)]
+pub struct Manifests {
+    pub subscriptions: BTreeMap<Key, WebhookSubscriptionSpec>,
+    pub quotas: BTreeMap<Key, WebhookQuotaSpec>,
+    pub secrets: HashMap<Key, HashMap<String, String>>,
+}
+
+fn namespace_of(doc: &Value) -> String {
+    doc.pointer("/metadata/namespace")
+        .and_then(Value::as_str)
+        .unwrap_or("default")
+        .to_string()
+}
+
+fn manifest_files(dir: &Path) -> anyhow::Result<Vec<PathBuf>> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+        .map_err(|e| anyhow::anyhow!("reading {}: {e}", dir.display()))?
+        .filter_map(|entry| entry.ok().map(|e| e.path()))
+        .filter(|p| {
+            p.is_file()
+                && matches!(
+                    p.extension().and_then(|e| e.to_str()),
+                    Some("yaml" | "yml" | "json")
+                )
+        })
+        .collect();
+    files.sort();
+    Ok(files)
+}
+
+/// A fingerprint of the folder's manifests, to notice changes cheaply.
+pub fn fingerprint(dir: &Path) -> anyhow::Result<[u8; 32]> {
+    let mut hash = Sha256::new();
+    for file in manifest_files(dir)? {
+        hash.update(file.to_string_lossy().as_bytes());
+        hash.update(std::fs::read(&file)?);
+    }
+    Ok(hash.finalize().into())
+}
+
+/// Reads every manifest in the folder. Kinds other than WebhookSubscription, WebhookQuota
+/// and Secret are skipped with a log line.
+pub fn load(dir: &Path) -> anyhow::Result<Manifests> {
+    let mut out = Manifests::default();
+    for file in manifest_files(dir)? {
+        let text = std::fs::read_to_string(&file)?;
+        let docs: Vec<Value> = serde_saphyr::from_multiple(&text)
+            .map_err(|e| anyhow::anyhow!("{}: {e}", file.display()))?;
+        for doc in docs.into_iter().filter(|d| !d.is_null()) {
+            let kind = doc
+                .get("kind")
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                .to_string();
+            let name = doc
+                .pointer("/metadata/name")
+                .and_then(Value::as_str)
+                .ok_or_else(|| {
+                    anyhow::anyhow!("{}: a {kind} without metadata.name", file.display())
+                })?
+                .to_string();
+            let key = (namespace_of(&doc), name.clone());
+            let context =
+                |what: &str| format!("{}: {kind} {}/{}: {what}", file.display(), key.0, key.1);
+            match kind.as_str() {
+                "WebhookSubscription" => {
+                    let spec: WebhookSubscriptionSpec =
+                        serde_json::from_value(doc.get("spec").cloned().unwrap_or(Value::Null))
+                            .map_err(|e| anyhow::anyhow!(context(&e.to_string())))?;
+                    if out.subscriptions.insert(key.clone(), spec).is_some() {
+                        anyhow::bail!(context("declared twice"));
+                    }
+                }
+                "WebhookQuota" => {
+                    let spec: WebhookQuotaSpec =
+                        serde_json::from_value(doc.get("spec").cloned().unwrap_or(Value::Null))
+                            .map_err(|e| anyhow::anyhow!(context(&e.to_string())))?;
+                    if spec.max_in_flight < crate::api::quota::MIN_NAMESPACE_IN_FLIGHT {
+                        anyhow::bail!(context("maxInFlight must be at least 16"));
+                    }
+                    out.quotas.insert(key, spec);
+                }
+                "Secret" => {
+                    let mut values = HashMap::new();
+                    if let Some(data) = doc.get("data").and_then(Value::as_object) {
+                        for (k, v) in data {
+                            let decoded = base64::engine::general_purpose::STANDARD
+                                .decode(v.as_str().unwrap_or_default())
+                                .map_err(|_| {
+                                    anyhow::anyhow!(context(&format!("data.{k} is not base64")))
+                                })?;
+                            values
+                                .insert(k.clone(), String::from_utf8_lossy(&decoded).into_owned());
+                        }
+                    }
+                    if let Some(data) = doc.get("stringData").and_then(Value::as_object) {
+                        for (k, v) in data {
+                            values.insert(k.clone(), v.as_str().unwrap_or_default().to_string());
+                        }
+                    }
+                    out.secrets.insert(key, values);
+                }
+                other => {
+                    tracing::info!(file = %file.display(), kind = other, name, "skipping a manifest herald does not use")
+                }
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// The subscription's secrets, current first, or why they cannot be read.
+fn resolve_secrets(
+    manifests: &Manifests,
+    namespace: &str,
+    spec: &WebhookSubscriptionSpec,
+) -> Result<Vec<String>, String> {
+    std::iter::once(&spec.signing.secret_ref)
+        .chain(&spec.signing.additional_secret_refs)
+        .map(|r| {
+            manifests
+                .secrets
+                .get(&(namespace.to_string(), r.name.clone()))
+                .ok_or_else(|| format!("Secret {namespace}/{} not found", r.name))?
+                .get(&r.key)
+                .cloned()
+                .ok_or_else(|| format!("Secret {namespace}/{} has no key {}", r.name, r.key))
+        })
+        .collect()
+}
+
+/// Keeps the engine in step with the folder.
+pub struct Sync {
+    engine: Arc<Engine>,
+    dir: PathBuf,
+    /// (namespace, name) → uid of the subscriptions the engine runs.
+    known: HashMap<Key, String>,
+    quota_namespaces: Vec<String>,
+}
+
+impl Sync {
+    /// Starts from what the store holds, so a restart keeps each subscription's uid and its
+    /// pending deliveries.
+    pub async fn new(engine: Arc<Engine>, dir: PathBuf) -> anyhow::Result<Self> {
+        let known = engine
+            .stored_subscriptions()
+            .await?
+            .into_iter()
+            .map(|s| ((s.namespace, s.name), s.uid))
+            .collect();
+        Ok(Self {
+            engine,
+            dir,
+            known,
+            quota_namespaces: Vec::new(),
+        })
+    }
+
+    /// Reads the folder and applies it. On error nothing changes.
+    pub async fn apply(&mut self) -> anyhow::Result<()> {
+        let manifests = load(&self.dir)?;
+        let mut configs = Vec::new();
+        for ((namespace, name), spec) in &manifests.subscriptions {
+            let uid = self
+                .known
+                .get(&(namespace.clone(), name.clone()))
+                .cloned()
+                .unwrap_or_else(|| uuid::Uuid::now_v7().to_string());
+            let secrets = resolve_secrets(&manifests, namespace, spec);
+            let config =
+                SubscriptionConfig::from_spec(uid, namespace.clone(), name.clone(), spec, secrets)
+                    .map_err(|e| anyhow::anyhow!("WebhookSubscription {namespace}/{name}: {e}"))?;
+            configs.push(config);
+        }
+
+        for config in configs {
+            if let Some(reason) = &config.not_ready {
+                tracing::warn!(namespace = %config.namespace, subscription = %config.name, reason, "subscription is not ready; its events wait");
+            }
+            let key = (config.namespace.clone(), config.name.clone());
+            let uid = config.uid.clone();
+            self.engine.upsert(config).await?;
+            self.known.insert(key, uid);
+        }
+        let gone: Vec<Key> = self
+            .known
+            .keys()
+            .filter(|k| !manifests.subscriptions.contains_key(*k))
+            .cloned()
+            .collect();
+        for key in gone {
+            if let Some(uid) = self.known.get(&key).cloned() {
+                let purged = self.engine.remove(&uid).await?;
+                self.known.remove(&key);
+                tracing::info!(namespace = %key.0, subscription = %key.1, purged, "subscription removed; its pending attempts are purged");
+            }
+        }
+
+        let mut namespaces = Vec::new();
+        for ((namespace, _), quota) in &manifests.quotas {
+            self.engine.set_quota(
+                namespace,
+                Some(quota.max_in_flight),
+                Some(quota.max_pending_attempts),
+            );
+            namespaces.push(namespace.clone());
+        }
+        for namespace in &self.quota_namespaces {
+            if !namespaces.contains(namespace) {
+                self.engine.set_quota(namespace, None, None);
+            }
+        }
+        self.quota_namespaces = namespaces;
+        Ok(())
+    }
+
+    /// Re-applies the folder whenever its content changes or SIGHUP arrives.
+    pub async fn watch(mut self) {
+        let mut last = fingerprint(&self.dir).ok();
+        let mut hangup =
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok();
+        let mut tick = tokio::time::interval(Duration::from_secs(1));
+        loop {
+            let forced = tokio::select! {
+                _ = tick.tick() => false,
+                Some(()) = async { match hangup.as_mut() { Some(h) => h.recv().await, None => std::future::pending().await } } => true,
+            };
+            let now = match fingerprint(&self.dir) {
+                Ok(f) => Some(f),
+                Err(e) => {
+                    tracing::error!(error = %e, "cannot read the configuration folder; keeping the last configuration");
+                    continue;
+                }
+            };
+            if !forced && now == last {
+                continue;
+            }
+            match self.apply().await {
+                Ok(()) => {
+                    tracing::info!(dir = %self.dir.display(), "configuration applied");
+                    last = now;
+                }
+                Err(e) => {
+                    tracing::error!(error = %format!("{e:#}"), "configuration not applied; keeping the last one");
+                    last = now;
+                }
+            }
+        }
+    }
+}
