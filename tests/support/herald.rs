@@ -1,0 +1,280 @@
+//! The herald binary as a real process in standalone mode: a config folder, a data folder,
+//! an ingest API on a free port. It can be SIGKILLed and restarted on the same folders.
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+
+use super::receiver::SECRET;
+
+pub struct Herald {
+    child: Option<Child>,
+    pub dir: PathBuf,
+    pub base: String,
+    args: Vec<String>,
+    http: reqwest::Client,
+}
+
+/// A subscription manifest (JSON is YAML) with `spec` merged over test defaults.
+pub fn subscription(
+    namespace: &str,
+    name: &str,
+    url: &str,
+    event_types: &[&str],
+    spec: Value,
+) -> Value {
+    let mut base = json!({
+        "url": url,
+        "eventTypes": event_types,
+        "signing": {"secretRef": {"name": "hook-secret", "key": "secret"}},
+    });
+    merge(&mut base, &spec);
+    json!({
+        "apiVersion": "herald.dev/v1alpha1",
+        "kind": "WebhookSubscription",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": base,
+    })
+}
+
+/// The secret every test subscription signs with, in a namespace.
+pub fn secret(namespace: &str) -> Value {
+    json!({
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {"name": "hook-secret", "namespace": namespace},
+        "stringData": {"secret": SECRET},
+    })
+}
+
+pub fn quota(namespace: &str, max_in_flight: u32) -> Value {
+    json!({
+        "apiVersion": "herald.dev/v1alpha1",
+        "kind": "WebhookQuota",
+        "metadata": {"name": "quota", "namespace": namespace},
+        "spec": {"maxInFlight": max_in_flight},
+    })
+}
+
+fn merge(target: &mut Value, patch: &Value) {
+    match (target, patch) {
+        (Value::Object(t), Value::Object(p)) => {
+            for (k, v) in p {
+                merge(t.entry(k.clone()).or_insert(Value::Null), v);
+            }
+        }
+        (t, p) => *t = p.clone(),
+    }
+}
+
+static SEQ: AtomicU32 = AtomicU32::new(0);
+
+impl Herald {
+    /// Writes the manifests and starts herald on them. `args` are extra `herald run` flags.
+    pub fn start(manifests: &[Value], args: &[&str]) -> Self {
+        let dir = std::env::temp_dir().join(format!(
+            "herald-it-{}-{}",
+            std::process::id(),
+            SEQ.fetch_add(1, Ordering::Relaxed)
+        ));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(dir.join("config")).unwrap();
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let mut herald = Self {
+            child: None,
+            dir,
+            base: String::new(),
+            args: args.iter().map(|s| s.to_string()).collect(),
+            http: reqwest::Client::new(),
+        };
+        herald.write_config(manifests);
+        herald.spawn();
+        herald
+    }
+
+    fn spawn(&mut self) {
+        let ready = self.dir.join("ready");
+        let _ = std::fs::remove_file(&ready);
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.join("herald.log"))
+            .unwrap();
+        let mut command = Command::new(env!("CARGO_BIN_EXE_herald"));
+        // Settings come from the test alone, never from the caller's environment.
+        for (key, _) in std::env::vars().filter(|(k, _)| k.starts_with("HERALD_")) {
+            command.env_remove(key);
+        }
+        let child = command
+            .arg("run")
+            .arg("--standalone")
+            .arg("--config")
+            .arg(self.dir.join("config"))
+            .arg("--data-dir")
+            .arg(self.dir.join("data"))
+            .arg("--listen")
+            .arg("127.0.0.1:0")
+            .arg("--ready-file")
+            .arg(&ready)
+            .args(&self.args)
+            .env("RUST_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        self.child = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            if let Ok(address) = std::fs::read_to_string(&ready) {
+                self.base = format!("http://{address}");
+                return;
+            }
+            if let Some(status) = self.child.as_mut().unwrap().try_wait().unwrap() {
+                panic!(
+                    "herald exited with {status} before serving:\n{}",
+                    self.log()
+                );
+            }
+            assert!(
+                Instant::now() < deadline,
+                "herald did not start in 60s:\n{}",
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.join("herald.log")).unwrap_or_default()
+    }
+
+    /// Replaces the config folder's manifests (atomically) and asks herald to reload.
+    pub fn write_config(&self, manifests: &[Value]) {
+        let text: String = manifests.iter().map(|m| format!("---\n{m}\n")).collect();
+        let path = self.dir.join("config/manifests.yaml");
+        let tmp = self.dir.join("manifests.yaml.tmp");
+        std::fs::write(&tmp, text).unwrap();
+        std::fs::rename(&tmp, &path).unwrap();
+        self.hangup();
+    }
+
+    fn hangup(&self) {
+        if let Some(child) = &self.child {
+            let _ = Command::new("kill")
+                .arg("-HUP")
+                .arg(child.id().to_string())
+                .status();
+        }
+    }
+
+    /// SIGKILL, as a crash would.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Starts again on the same folders.
+    pub fn restart(&mut self) {
+        self.kill();
+        self.spawn();
+    }
+
+    pub fn data_dir(&self) -> PathBuf {
+        self.dir.join("data")
+    }
+
+    pub async fn post(&self, path: &str, body: Value) -> (u16, Value) {
+        let response = self
+            .http
+            .post(format!("{}{path}", self.base))
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        let status = response.status().as_u16();
+        (status, response.json().await.unwrap_or(Value::Null))
+    }
+
+    pub async fn get(&self, path: &str) -> (u16, Value) {
+        let response = self
+            .http
+            .get(format!("{}{path}", self.base))
+            .send()
+            .await
+            .unwrap();
+        let status = response.status().as_u16();
+        (status, response.json().await.unwrap_or(Value::Null))
+    }
+
+    /// Publishes one event; panics unless it is accepted.
+    pub async fn publish(&self, namespace: &str, event: Value) -> Value {
+        let (status, body) = self
+            .post(&format!("/v1/namespaces/{namespace}/events"), event)
+            .await;
+        assert_eq!(status, 202, "publish refused: {body}");
+        body
+    }
+
+    pub async fn deliveries(&self, namespace: &str, name: &str, state: &str) -> Vec<Value> {
+        let (status, body) = self
+            .get(&format!(
+                "/v1/namespaces/{namespace}/subscriptions/{name}/attempts?state={state}&limit=10000"
+            ))
+            .await;
+        assert_eq!(status, 200, "{body}");
+        body["items"].as_array().cloned().unwrap_or_default()
+    }
+
+    /// Polls until `done` holds for the answer of GET `path`, or panics at the deadline.
+    pub async fn poll(
+        &self,
+        what: &str,
+        path: &str,
+        deadline: Duration,
+        done: impl Fn(u16, &Value) -> bool,
+    ) -> Value {
+        let end = Instant::now() + deadline;
+        loop {
+            let (status, body) = self.get(path).await;
+            if done(status, &body) {
+                return body;
+            }
+            assert!(
+                Instant::now() < end,
+                "timed out waiting for {what}: last answer {status} {body}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Waits until the subscription is gone from herald (the purge has committed).
+    pub async fn wait_removed(&self, namespace: &str, name: &str) {
+        self.poll(
+            &format!("{namespace}/{name} to be removed"),
+            &format!("/v1/namespaces/{namespace}/subscriptions/{name}"),
+            Duration::from_secs(30),
+            |status, _| status == 404,
+        )
+        .await;
+    }
+}
+
+impl Drop for Herald {
+    fn drop(&mut self) {
+        self.kill();
+        if !std::thread::panicking() {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        } else {
+            eprintln!(
+                "herald's folder kept for inspection: {}",
+                self.dir.display()
+            );
+        }
+    }
+}

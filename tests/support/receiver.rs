@@ -1,0 +1,213 @@
+//! Real HTTP receivers on 127.0.0.1 whose behaviour each test scripts per path: answer a
+//! status (with Retry-After), follow a script, hang without ever answering, redirect, send a
+//! large body; plus a listener that closes every connection. Every request is recorded with
+//! its arrival time and whether its signature verified.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode, Uri};
+use axum::response::{IntoResponse, Response};
+use herald::api::SigningScheme;
+use herald::signing::Signer;
+use tokio::sync::Notify;
+
+pub const SECRET: &str = "whsec_AAECAwQFBgcICQoLDA0ODxAREhMUFRYX";
+
+#[derive(Clone, Debug)]
+pub enum Behaviour {
+    /// Answer this status.
+    Status(u16),
+    /// Answer this status with a Retry-After header.
+    RetryAfter(u16, String),
+    /// Answer these statuses in turn, then the last one forever.
+    Script(Vec<u16>),
+    /// Accept the request and never answer.
+    Hang,
+    /// 302 to another path.
+    Redirect(String),
+    /// 200 with a body of this many bytes.
+    BigBody(usize),
+}
+
+#[derive(Clone, Debug)]
+pub struct Hit {
+    pub path: String,
+    pub headers: HashMap<String, String>,
+    pub body: Vec<u8>,
+    pub at: Instant,
+    pub verified: bool,
+}
+
+impl Hit {
+    pub fn header(&self, name: &str) -> &str {
+        self.headers
+            .get(name)
+            .map(String::as_str)
+            .unwrap_or_default()
+    }
+}
+
+struct Shared {
+    behaviours: Mutex<HashMap<String, Behaviour>>,
+    hits: Mutex<Vec<Hit>>,
+    counters: Mutex<HashMap<String, usize>>,
+    changed: Notify,
+    signer: Signer,
+}
+
+#[derive(Clone)]
+pub struct Receiver {
+    pub base: String,
+    shared: Arc<Shared>,
+}
+
+impl Receiver {
+    /// Starts a receiver on a free loopback port; unknown paths answer 204.
+    pub async fn start() -> Self {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr: SocketAddr = listener.local_addr().unwrap();
+        let shared = Arc::new(Shared {
+            behaviours: Mutex::new(HashMap::new()),
+            hits: Mutex::new(Vec::new()),
+            counters: Mutex::new(HashMap::new()),
+            changed: Notify::new(),
+            signer: Signer::new(SigningScheme::StandardWebhooks, &[SECRET], None).unwrap(),
+        });
+        let app = axum::Router::new()
+            .fallback(handle)
+            .with_state(shared.clone());
+        tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+        Self {
+            base: format!("http://{addr}"),
+            shared,
+        }
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.base)
+    }
+
+    pub fn set(&self, path: &str, behaviour: Behaviour) {
+        self.shared
+            .behaviours
+            .lock()
+            .unwrap()
+            .insert(path.to_string(), behaviour);
+    }
+
+    pub fn hits(&self) -> Vec<Hit> {
+        self.shared.hits.lock().unwrap().clone()
+    }
+
+    pub fn hits_for(&self, path: &str) -> Vec<Hit> {
+        self.hits().into_iter().filter(|h| h.path == path).collect()
+    }
+
+    /// Waits until `done` holds for the recorded hits, or panics with `what` at the deadline.
+    pub async fn wait_until(
+        &self,
+        what: &str,
+        deadline: Duration,
+        done: impl Fn(&[Hit]) -> bool,
+    ) -> Vec<Hit> {
+        let end = tokio::time::Instant::now() + deadline;
+        loop {
+            let notified = self.shared.changed.notified();
+            let hits = self.hits();
+            if done(&hits) {
+                return hits;
+            }
+            if tokio::time::timeout_at(end, notified).await.is_err() {
+                let hits = self.hits();
+                if done(&hits) {
+                    return hits;
+                }
+                let mut per_path: HashMap<&str, usize> = HashMap::new();
+                for h in &hits {
+                    *per_path.entry(h.path.as_str()).or_default() += 1;
+                }
+                panic!(
+                    "timed out after {deadline:?} waiting for {what}; hits per path: {per_path:?}"
+                );
+            }
+        }
+    }
+}
+
+async fn handle(
+    State(shared): State<Arc<Shared>>,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let path = uri.path().to_string();
+    let pairs: Vec<(&str, &str)> = headers
+        .iter()
+        .filter_map(|(k, v)| Some((k.as_str(), v.to_str().ok()?)))
+        .collect();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs() as i64;
+    let verified = shared
+        .signer
+        .verify(pairs.iter().copied(), &body, now, Duration::from_secs(300))
+        .is_ok();
+    let hit = Hit {
+        path: path.clone(),
+        headers: pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+        body: body.to_vec(),
+        at: Instant::now(),
+        verified,
+    };
+    let seen = {
+        let mut counters = shared.counters.lock().unwrap();
+        let n = counters.entry(path.clone()).or_default();
+        *n += 1;
+        *n
+    };
+    shared.hits.lock().unwrap().push(hit);
+    shared.changed.notify_waiters();
+    let behaviour = shared.behaviours.lock().unwrap().get(&path).cloned();
+    let status = |s: u16| StatusCode::from_u16(s).unwrap();
+    match behaviour {
+        None => StatusCode::NO_CONTENT.into_response(),
+        Some(Behaviour::Status(s)) => status(s).into_response(),
+        Some(Behaviour::RetryAfter(s, value)) => {
+            (status(s), [("retry-after", value)]).into_response()
+        }
+        Some(Behaviour::Script(list)) => {
+            status(list[(seen - 1).min(list.len() - 1)]).into_response()
+        }
+        Some(Behaviour::Hang) => std::future::pending().await,
+        Some(Behaviour::Redirect(to)) => (StatusCode::FOUND, [("location", to)]).into_response(),
+        Some(Behaviour::BigBody(n)) => (StatusCode::OK, "x".repeat(n)).into_response(),
+    }
+}
+
+/// A listener that reads each request and closes the connection without answering.
+pub async fn closing_listener() -> String {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        loop {
+            let Ok((mut socket, _)) = listener.accept().await else {
+                return;
+            };
+            tokio::spawn(async move {
+                let mut buf = [0u8; 1024];
+                let _ = tokio::io::AsyncReadExt::read(&mut socket, &mut buf).await;
+                drop(socket);
+            });
+        }
+    });
+    format!("http://{addr}")
+}
