@@ -188,7 +188,13 @@ async fn publish(
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<usize>().ok());
+    // Read (and drop) a moderately oversized body before answering, so the producer gets
+    // the 413 instead of a broken pipe; a far larger one just has its connection closed.
+    let drain_limit = api.max_body.saturating_mul(4);
     if declared.is_some_and(|n| n > api.max_body) {
+        if declared.is_some_and(|n| n <= drain_limit) {
+            let _ = axum::body::to_bytes(body, drain_limit).await;
+        }
         return Err(too_large());
     }
     let bytes = axum::body::to_bytes(body, api.max_body)

@@ -16,6 +16,8 @@ pub struct Herald {
     pub base: String,
     args: Vec<String>,
     http: reqwest::Client,
+    /// The --publish-token, sent on every API call.
+    token: Option<String>,
 }
 
 /// A subscription manifest (JSON is YAML) with `spec` merged over test defaults.
@@ -89,6 +91,10 @@ impl Herald {
             base: String::new(),
             args: args.iter().map(|s| s.to_string()).collect(),
             http: reqwest::Client::new(),
+            token: args
+                .windows(2)
+                .find(|w| w[0] == "--publish-token")
+                .map(|w| w[1].to_string()),
         };
         herald.write_config(manifests);
         herald.spawn();
@@ -189,10 +195,16 @@ impl Herald {
         self.dir.join("data")
     }
 
+    fn authorized(&self, request: reqwest::RequestBuilder) -> reqwest::RequestBuilder {
+        match &self.token {
+            Some(token) => request.bearer_auth(token),
+            None => request,
+        }
+    }
+
     pub async fn post(&self, path: &str, body: Value) -> (u16, Value) {
         let response = self
-            .http
-            .post(format!("{}{path}", self.base))
+            .authorized(self.http.post(format!("{}{path}", self.base)))
             .json(&body)
             .send()
             .await
@@ -203,8 +215,7 @@ impl Herald {
 
     pub async fn get(&self, path: &str) -> (u16, Value) {
         let response = self
-            .http
-            .get(format!("{}{path}", self.base))
+            .authorized(self.http.get(format!("{}{path}", self.base)))
             .send()
             .await
             .unwrap();

@@ -22,8 +22,8 @@ pub const SECRET: &str = "whsec_AAECAwQFBgcICQoLDA0ODxAREhMUFRYX";
 pub enum Behaviour {
     /// Answer this status.
     Status(u16),
-    /// Answer this status with a Retry-After header.
-    RetryAfter(u16, String),
+    /// Answer the first request with this status and Retry-After header, then 204.
+    RetryAfterOnce(u16, String),
     /// Answer these statuses in turn, then the last one forever.
     Script(Vec<u16>),
     /// Accept the request and never answer.
@@ -181,9 +181,10 @@ async fn handle(
     match behaviour {
         None => StatusCode::NO_CONTENT.into_response(),
         Some(Behaviour::Status(s)) => status(s).into_response(),
-        Some(Behaviour::RetryAfter(s, value)) => {
+        Some(Behaviour::RetryAfterOnce(s, value)) if seen == 1 => {
             (status(s), [("retry-after", value)]).into_response()
         }
+        Some(Behaviour::RetryAfterOnce(..)) => StatusCode::NO_CONTENT.into_response(),
         Some(Behaviour::Script(list)) => {
             status(list[(seen - 1).min(list.len() - 1)]).into_response()
         }

@@ -1,0 +1,658 @@
+//! Delivery semantics against real receivers: outcome classes, backoff with full jitter,
+//! Retry-After, dead letters and replay, auto-disable, idempotent ingest, the egress guard,
+//! ingest errors that write nothing, pausing, and the attempt history.
+
+mod support;
+
+use std::time::{Duration, SystemTime};
+
+use serde_json::{Value, json};
+use support::herald::{Herald, secret, subscription};
+use support::receiver::{Behaviour, Hit, Receiver, closing_listener};
+
+const NS: &str = "shop";
+const ALLOW_LOOPBACK: &[&str] = &["--egress-allow", "127.0.0.0/8"];
+
+/// Polls until every delivery of the subscription is delivered or dead; returns them.
+async fn settled(herald: &Herald, name: &str, expected: usize) -> Vec<Value> {
+    let path = format!("/v1/namespaces/{NS}/subscriptions/{name}/attempts?state=all");
+    let body = herald
+        .poll(
+            &format!("{name} to settle"),
+            &path,
+            Duration::from_secs(30),
+            |status, body| {
+                let items = body["items"].as_array().cloned().unwrap_or_default();
+                status == 200
+                    && items.len() == expected
+                    && items
+                        .iter()
+                        .all(|d| d["state"] == "delivered" || d["state"] == "dead")
+            },
+        )
+        .await;
+    body["items"].as_array().unwrap().clone()
+}
+
+fn gaps(hits: &[Hit]) -> Vec<Duration> {
+    hits.windows(2).map(|w| w[1].at - w[0].at).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn outcome_classes() {
+    let receiver = Receiver::start().await;
+    let closed = closing_listener().await;
+    // (name, behaviour, expected attempts, expected final state)
+    let cases: Vec<(&str, Option<Behaviour>, usize, &str)> = vec![
+        ("ok-200", Some(Behaviour::Status(200)), 1, "delivered"),
+        ("ok-204", None, 1, "delivered"),
+        ("not-found-404", Some(Behaviour::Status(404)), 1, "dead"),
+        ("gone-410", Some(Behaviour::Status(410)), 1, "dead"),
+        ("bad-request-400", Some(Behaviour::Status(400)), 1, "dead"),
+        (
+            "redirect-302",
+            Some(Behaviour::Redirect("/redirect-target".into())),
+            1,
+            "dead",
+        ),
+        ("moved-301", Some(Behaviour::Status(301)), 1, "dead"),
+        ("error-500", Some(Behaviour::Status(500)), 2, "dead"),
+        ("unavailable-503", Some(Behaviour::Status(503)), 2, "dead"),
+        ("timeout-408", Some(Behaviour::Status(408)), 2, "dead"),
+        ("too-early-425", Some(Behaviour::Status(425)), 2, "dead"),
+        ("throttled-429", Some(Behaviour::Status(429)), 2, "dead"),
+        ("hangs", Some(Behaviour::Hang), 2, "dead"),
+    ];
+    let retry = json!({"delivery": {"timeout": "300ms", "retry": {"maxAttempts": 2, "initialBackoff": "20ms", "maxBackoff": "50ms"}}});
+    let mut manifests = vec![secret(NS)];
+    for (name, behaviour, _, _) in &cases {
+        let path = format!("/{name}");
+        if let Some(b) = behaviour {
+            receiver.set(&path, b.clone());
+        }
+        manifests.push(subscription(
+            NS,
+            name,
+            &receiver.url(&path),
+            &["order.paid"],
+            retry.clone(),
+        ));
+    }
+    manifests.push(subscription(
+        NS,
+        "closes-connection",
+        &format!("{closed}/x"),
+        &["order.paid"],
+        retry.clone(),
+    ));
+    let herald = Herald::start(&manifests, ALLOW_LOOPBACK);
+    let accepted = herald
+        .publish(NS, json!({"type": "order.paid", "data": {"amount": 12}}))
+        .await;
+    assert_eq!(accepted["matched"], cases.len() + 1);
+    let event_id = accepted["id"].as_str().unwrap().to_string();
+
+    for (name, _, attempts, state) in &cases {
+        let deliveries = settled(&herald, name, 1).await;
+        assert_eq!(deliveries[0]["state"], *state, "{name}: {deliveries:?}");
+        assert_eq!(deliveries[0]["attempts"], *attempts, "{name}");
+        let hits = receiver.hits_for(&format!("/{name}"));
+        assert_eq!(
+            hits.len(),
+            *attempts,
+            "{name}: attempts that reached the receiver"
+        );
+        // S1/S2: every attempt is signed, and carries the same event id and its number.
+        for (n, hit) in hits.iter().enumerate() {
+            assert!(hit.verified, "{name}: attempt {n} not verifiable");
+            assert_eq!(hit.header("webhook-id"), event_id, "{name}");
+            assert_eq!(hit.header("herald-event-id"), event_id, "{name}");
+            assert_eq!(hit.header("herald-attempt"), (n + 1).to_string(), "{name}");
+            assert_eq!(hit.header("content-type"), "application/json");
+        }
+    }
+    assert!(
+        receiver.hits_for("/redirect-target").is_empty(),
+        "a redirect was followed"
+    );
+    let history = |name: &'static str| {
+        let herald = &herald;
+        let event_id = event_id.clone();
+        async move {
+            let (_, body) = herald
+                .get(&format!(
+                    "/v1/namespaces/{NS}/subscriptions/{name}/events/{event_id}/attempts"
+                ))
+                .await;
+            body["items"].as_array().unwrap().clone()
+        }
+    };
+    let redirect = history("redirect-302").await;
+    assert_eq!(redirect[0]["statusCode"], 302);
+    assert_eq!(redirect[0]["outcome"], "Terminal");
+    let hang = history("hangs").await;
+    assert!(
+        hang.iter()
+            .all(|a| a["message"].as_str().unwrap().contains("timed out")),
+        "{hang:?}"
+    );
+    let closes = settled(&herald, "closes-connection", 1).await;
+    assert_eq!(
+        (closes[0]["state"].as_str(), closes[0]["attempts"].as_u64()),
+        (Some("dead"), Some(2))
+    );
+    let closes = history("closes-connection").await;
+    assert!(
+        closes
+            .iter()
+            .all(|a| a["outcome"] == "Transient" && a.get("statusCode").is_none()),
+        "{closes:?}"
+    );
+    let exhausted = history("error-500").await;
+    assert!(
+        exhausted[1]["message"]
+            .as_str()
+            .unwrap()
+            .contains("maxAttempts"),
+        "{exhausted:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn backoff_is_exponential_with_full_jitter_and_bounded() {
+    let receiver = Receiver::start().await;
+    receiver.set("/flaky", Behaviour::Status(500));
+    let spec = json!({"disableAfterConsecutiveFailures": 0, "delivery": {"retry": {"maxAttempts": 8, "initialBackoff": "100ms", "maxBackoff": "400ms"}}});
+    let herald = Herald::start(
+        &[
+            secret(NS),
+            subscription(NS, "flaky", &receiver.url("/flaky"), &["*"], spec),
+        ],
+        ALLOW_LOOPBACK,
+    );
+    herald.publish(NS, json!({"type": "order.paid"})).await;
+    let deliveries = settled(&herald, "flaky", 1).await;
+    assert_eq!(deliveries[0]["state"], "dead");
+    let hits = receiver.hits_for("/flaky");
+    assert_eq!(hits.len(), 8);
+    let ceilings: Vec<Duration> = (0..7)
+        .map(|n| Duration::from_millis((100u64 << n).min(400)))
+        .collect();
+    let gaps = gaps(&hits);
+    println!("gaps {gaps:?} under ceilings {ceilings:?}");
+    // Scheduling on a loaded machine may add delay, never remove it: only the upper bound
+    // gets slack.
+    for (n, (gap, ceiling)) in gaps.iter().zip(&ceilings).enumerate() {
+        assert!(
+            *gap <= *ceiling + Duration::from_millis(400),
+            "retry {n}: {gap:?} > {ceiling:?}"
+        );
+    }
+    // Full jitter: the waits spread below their ceilings instead of sitting at them (all
+    // seven above 90% of the ceiling has probability 1e-7).
+    assert!(
+        gaps.iter()
+            .zip(&ceilings)
+            .any(|(g, c)| g.as_secs_f64() < 0.9 * c.as_secs_f64()),
+        "no jitter in {gaps:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retry_after_is_honoured_in_both_forms_and_capped() {
+    let receiver = Receiver::start().await;
+    let in_three_seconds = httpdate::fmt_http_date(SystemTime::now() + Duration::from_secs(3));
+    receiver.set("/seconds", Behaviour::RetryAfterOnce(503, "2".into()));
+    receiver.set("/date", Behaviour::RetryAfterOnce(429, in_three_seconds));
+    receiver.set("/capped", Behaviour::RetryAfterOnce(429, "3600".into()));
+    let quick = |cap: &str| json!({"delivery": {"retryAfterCap": cap, "retry": {"initialBackoff": "10ms", "maxBackoff": "20ms"}}});
+    let herald = Herald::start(
+        &[
+            secret(NS),
+            subscription(
+                NS,
+                "seconds",
+                &receiver.url("/seconds"),
+                &["*"],
+                quick("1h"),
+            ),
+            subscription(NS, "date", &receiver.url("/date"), &["*"], quick("1h")),
+            subscription(NS, "capped", &receiver.url("/capped"), &["*"], quick("1s")),
+        ],
+        ALLOW_LOOPBACK,
+    );
+    herald.publish(NS, json!({"type": "order.paid"})).await;
+    for name in ["seconds", "date", "capped"] {
+        assert_eq!(
+            settled(&herald, name, 1).await[0]["state"],
+            "delivered",
+            "{name}"
+        );
+    }
+    let gap = |path: &str| gaps(&receiver.hits_for(path))[0];
+    let (seconds, date, capped) = (gap("/seconds"), gap("/date"), gap("/capped"));
+    println!("Retry-After waits: seconds {seconds:?}, date {date:?}, capped {capped:?}");
+    assert!(
+        seconds >= Duration::from_millis(1950) && seconds < Duration::from_secs(5),
+        "{seconds:?}"
+    );
+    // An HTTP date has one-second resolution: 3 s ahead is 2 to 3 s away when parsed.
+    assert!(
+        date >= Duration::from_millis(1500) && date < Duration::from_secs(6),
+        "{date:?}"
+    );
+    assert!(
+        capped >= Duration::from_millis(950) && capped < Duration::from_secs(3),
+        "{capped:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dead_letters_are_kept_listed_and_replayed() {
+    let receiver = Receiver::start().await;
+    receiver.set("/hook", Behaviour::Status(404));
+    let herald = Herald::start(
+        &[
+            secret(NS),
+            subscription(NS, "hook", &receiver.url("/hook"), &["*"], json!({})),
+        ],
+        ALLOW_LOOPBACK,
+    );
+    herald
+        .publish(NS, json!({"id": "evt-a", "type": "order.paid"}))
+        .await;
+    herald
+        .publish(NS, json!({"id": "evt-b", "type": "order.paid"}))
+        .await;
+    settled(&herald, "hook", 2).await;
+    let dead = herald.deliveries(NS, "hook", "dead").await;
+    assert_eq!(dead.len(), 2);
+    assert_eq!(dead[0]["lastAttempt"]["statusCode"], 404);
+    assert!(herald.deliveries(NS, "hook", "pending").await.is_empty());
+
+    receiver.set("/hook", Behaviour::Status(200));
+    let (status, body) = herald
+        .post(
+            &format!("/v1/namespaces/{NS}/subscriptions/hook/replay"),
+            json!({"eventIds": ["evt-b"]}),
+        )
+        .await;
+    assert_eq!((status, body), (200, json!({"replayed": 1})));
+    let hits = receiver
+        .wait_until("the replayed delivery", Duration::from_secs(20), |h| {
+            h.iter().filter(|h| h.path == "/hook").count() == 3
+        })
+        .await;
+    assert_eq!(
+        hits.last().unwrap().header("webhook-id"),
+        "evt-b",
+        "replay keeps the event id"
+    );
+    let all = settled(&herald, "hook", 2).await;
+    let states: Vec<_> = all
+        .iter()
+        .map(|d| (d["eventId"].as_str().unwrap(), d["state"].as_str().unwrap()))
+        .collect();
+    assert_eq!(states, [("evt-a", "dead"), ("evt-b", "delivered")]);
+    let (status, body) = herald
+        .post(
+            &format!("/v1/namespaces/{NS}/subscriptions/hook/replay"),
+            json!({}),
+        )
+        .await;
+    assert_eq!((status, body), (200, json!({"replayed": 1})));
+    assert!(
+        settled(&herald, "hook", 2)
+            .await
+            .iter()
+            .all(|d| d["state"] == "delivered")
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn auto_disable_holds_deliveries_until_re_enabled() {
+    let receiver = Receiver::start().await;
+    receiver.set("/hook", Behaviour::Status(500));
+    let spec =
+        json!({"disableAfterConsecutiveFailures": 3, "delivery": {"retry": {"maxAttempts": 1}}});
+    let herald = Herald::start(
+        &[
+            secret(NS),
+            subscription(NS, "hook", &receiver.url("/hook"), &["*"], spec),
+        ],
+        ALLOW_LOOPBACK,
+    );
+    for i in 0..5 {
+        herald
+            .publish(NS, json!({"id": format!("evt-{i}"), "type": "order.paid"}))
+            .await;
+    }
+    let state = herald
+        .poll(
+            "the subscription to be disabled",
+            &format!("/v1/namespaces/{NS}/subscriptions/hook"),
+            Duration::from_secs(20),
+            |_, b| b["disabled"] == true,
+        )
+        .await;
+    assert_eq!(state["consecutiveFailures"], 3);
+    // Disabled in the same transaction as the third failure: nothing more was claimed.
+    assert_eq!(receiver.hits_for("/hook").len(), 3);
+    let waiting = herald.deliveries(NS, "hook", "pending").await;
+    assert_eq!(waiting.len(), 2);
+    assert!(
+        waiting
+            .iter()
+            .all(|d| d["attempts"] == 0 && d["state"] == "pending"),
+        "{waiting:?}"
+    );
+
+    let (status, body) = herald
+        .post(
+            &format!("/v1/namespaces/{NS}/subscriptions/hook/replay"),
+            json!({}),
+        )
+        .await;
+    assert_eq!(
+        status, 409,
+        "replay must refuse a disabled subscription: {body}"
+    );
+    assert_eq!(body["error"]["code"], "subscription_disabled");
+
+    receiver.set("/hook", Behaviour::Status(204));
+    let (status, _) = herald
+        .post(
+            &format!("/v1/namespaces/{NS}/subscriptions/hook/enable"),
+            json!({}),
+        )
+        .await;
+    assert_eq!(status, 200);
+    let (status, body) = herald
+        .post(
+            &format!("/v1/namespaces/{NS}/subscriptions/hook/replay"),
+            json!({}),
+        )
+        .await;
+    assert_eq!((status, body["replayed"].as_u64()), (200, Some(3)));
+    let all = settled(&herald, "hook", 5).await;
+    assert!(all.iter().all(|d| d["state"] == "delivered"), "{all:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_repeated_event_id_is_accepted_once() {
+    let receiver = Receiver::start().await;
+    let herald = Herald::start(
+        &[
+            secret(NS),
+            subscription(NS, "hook", &receiver.url("/hook"), &["order.*"], json!({})),
+        ],
+        ALLOW_LOOPBACK,
+    );
+    let event = json!({"id": "order-42", "type": "order.paid", "data": {"n": 1}});
+    let first = herald.publish(NS, event.clone()).await;
+    let second = herald.publish(NS, event).await;
+    assert_eq!(first, json!({"id": "order-42", "matched": 1}));
+    assert_eq!(second, first);
+    let other = herald.publish(NS, json!({"type": "invoice.paid"})).await;
+    assert_eq!(other["matched"], 0, "eventTypes filter");
+    // One delivery exists, and it is finished: there is nothing left that could arrive twice.
+    let deliveries = settled(&herald, "hook", 1).await;
+    assert_eq!(deliveries[0]["attempts"], 1);
+    assert_eq!(receiver.hits_for("/hook").len(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_egress_guard_refuses_special_addresses() {
+    let receiver = Receiver::start().await;
+    let port = receiver.base.rsplit(':').next().unwrap().to_string();
+    let targets = [
+        (
+            "loopback-literal",
+            format!("http://127.0.0.1:{port}/x"),
+            "loopback",
+        ),
+        (
+            "loopback-name",
+            format!("http://localhost:{port}/x"),
+            "loopback",
+        ),
+        ("loopback-v6", format!("http://[::1]:{port}/x"), "loopback"),
+        (
+            "mapped-v6",
+            format!("http://[::ffff:127.0.0.1]:{port}/x"),
+            "loopback",
+        ),
+        (
+            "metadata",
+            "http://169.254.169.254/latest/meta-data".to_string(),
+            "link-local",
+        ),
+        ("private", "http://10.0.0.1/hook".to_string(), "private"),
+        ("cgnat", "http://100.64.0.1/hook".to_string(), "CGNAT"),
+    ];
+    let mut manifests = vec![secret(NS)];
+    for (name, url, _) in &targets {
+        manifests.push(subscription(NS, name, url, &["*"], json!({})));
+    }
+    let herald = Herald::start(&manifests, &[]);
+    herald.publish(NS, json!({"type": "order.paid"})).await;
+    for (name, _, category) in &targets {
+        let deliveries = settled(&herald, name, 1).await;
+        assert_eq!(
+            deliveries[0]["state"], "dead",
+            "{name}: refused is terminal"
+        );
+        assert_eq!(deliveries[0]["attempts"], 1, "{name}");
+        let message = deliveries[0]["lastAttempt"]["message"].as_str().unwrap();
+        assert!(
+            message.contains("egress refused") && message.contains(category),
+            "{name}: {message}"
+        );
+    }
+    assert!(
+        receiver.hits().is_empty(),
+        "a refused destination was contacted"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_input_gets_a_json_error_and_writes_nothing() {
+    let receiver = Receiver::start().await;
+    let herald = Herald::start(
+        &[
+            secret(NS),
+            subscription(NS, "hook", &receiver.url("/hook"), &["*"], json!({})),
+        ],
+        &[
+            "--egress-allow",
+            "127.0.0.0/8",
+            "--publish-token",
+            "s3cret",
+            "--max-body-bytes",
+            "1048576",
+        ],
+    );
+    let client = reqwest::Client::new();
+    let events = format!("{}/v1/namespaces/{NS}/events", herald.base);
+    let send = |body: Vec<u8>, token: Option<&'static str>| {
+        let mut request = client
+            .post(&events)
+            .header("content-type", "application/json")
+            .body(body);
+        if let Some(token) = token {
+            request = request.bearer_auth(token);
+        }
+        async move {
+            let response = request.send().await.unwrap();
+            let status = response.status().as_u16();
+            (status, response.json::<Value>().await.unwrap())
+        }
+    };
+    let good = br#"{"type":"order.paid","data":{}}"#.to_vec();
+    let cases: Vec<(&str, Vec<u8>, Option<&'static str>, u16, &str)> = vec![
+        ("no token", good.clone(), None, 401, "unauthenticated"),
+        (
+            "wrong token",
+            good.clone(),
+            Some("nope"),
+            401,
+            "unauthenticated",
+        ),
+        (
+            "malformed JSON",
+            b"{\"type\":".to_vec(),
+            Some("s3cret"),
+            400,
+            "invalid_event",
+        ),
+        (
+            "not an object",
+            b"[1,2]".to_vec(),
+            Some("s3cret"),
+            400,
+            "invalid_event",
+        ),
+        (
+            "missing type",
+            br#"{"data":{}}"#.to_vec(),
+            Some("s3cret"),
+            400,
+            "invalid_event",
+        ),
+        (
+            "empty type",
+            br#"{"type":""}"#.to_vec(),
+            Some("s3cret"),
+            400,
+            "invalid_type",
+        ),
+        (
+            "glob type",
+            br#"{"type":"order.*"}"#.to_vec(),
+            Some("s3cret"),
+            400,
+            "invalid_type",
+        ),
+        (
+            "id with space",
+            br#"{"type":"a","id":"a b"}"#.to_vec(),
+            Some("s3cret"),
+            400,
+            "invalid_id",
+        ),
+        (
+            "unknown field",
+            br#"{"type":"a","extra":1}"#.to_vec(),
+            Some("s3cret"),
+            400,
+            "invalid_event",
+        ),
+        (
+            "2 MiB body",
+            format!(r#"{{"type":"a","data":"{}"}}"#, "x".repeat(2 << 20)).into_bytes(),
+            Some("s3cret"),
+            413,
+            "body_too_large",
+        ),
+    ];
+    for (what, body, token, status, code) in cases {
+        let (got, answer) = send(body, token).await;
+        assert_eq!(
+            (got, answer["error"]["code"].as_str()),
+            (status, Some(code)),
+            "{what}: {answer}"
+        );
+    }
+    let (status, answer) = herald
+        .post(
+            "/v1/namespaces/Not_A_Namespace/events",
+            json!({"type": "a"}),
+        )
+        .await;
+    assert_eq!(
+        (status, answer["error"]["code"].as_str()),
+        (400, Some("invalid_namespace"))
+    );
+    assert!(
+        herald.deliveries(NS, "hook", "all").await.is_empty(),
+        "a refused request wrote something"
+    );
+
+    let (status, answer) = send(good, Some("s3cret")).await;
+    assert_eq!((status, answer["matched"].as_u64()), (202, Some(1)));
+    let (status, answer) = herald
+        .get(&format!("/v1/namespaces/{NS}/subscriptions/nope/attempts"))
+        .await;
+    assert_eq!(
+        (status, answer["error"]["code"].as_str()),
+        (404, Some("not_found"))
+    );
+    let (status, answer) = herald
+        .get(&format!(
+            "/v1/namespaces/{NS}/subscriptions/hook/attempts?state=odd"
+        ))
+        .await;
+    assert_eq!(
+        (status, answer["error"]["code"].as_str()),
+        (400, Some("invalid_state"))
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn paused_subscriptions_keep_events_until_unpaused() {
+    let receiver = Receiver::start().await;
+    let manifests = |paused: bool| {
+        vec![
+            secret(NS),
+            subscription(
+                NS,
+                "hook",
+                &receiver.url("/hook"),
+                &["*"],
+                json!({"paused": paused}),
+            ),
+        ]
+    };
+    let herald = Herald::start(&manifests(true), ALLOW_LOOPBACK);
+    herald.publish(NS, json!({"type": "order.paid"})).await;
+    let pending = herald.deliveries(NS, "hook", "pending").await;
+    assert_eq!(
+        (pending.len(), pending[0]["attempts"].as_u64()),
+        (1, Some(0))
+    );
+    herald.write_config(&manifests(false));
+    receiver
+        .wait_until("delivery after unpausing", Duration::from_secs(20), |h| {
+            h.len() == 1
+        })
+        .await;
+    assert_eq!(settled(&herald, "hook", 1).await[0]["state"], "delivered");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn attempt_history_keeps_an_excerpt_of_at_most_512_bytes() {
+    let receiver = Receiver::start().await;
+    receiver.set("/hook", Behaviour::BigBody(5000));
+    let herald = Herald::start(
+        &[
+            secret(NS),
+            subscription(NS, "hook", &receiver.url("/hook"), &["*"], json!({})),
+        ],
+        ALLOW_LOOPBACK,
+    );
+    let id = herald.publish(NS, json!({"type": "order.paid"})).await["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    settled(&herald, "hook", 1).await;
+    let (_, body) = herald
+        .get(&format!(
+            "/v1/namespaces/{NS}/subscriptions/hook/events/{id}/attempts"
+        ))
+        .await;
+    let attempt = &body["items"][0];
+    assert_eq!(attempt["statusCode"], 200);
+    assert_eq!(attempt["outcome"], "Accepted");
+    assert!(attempt["latencyMs"].is_u64() && attempt["atMs"].is_i64());
+    assert_eq!(attempt["message"].as_str().unwrap(), "x".repeat(512));
+}
