@@ -489,7 +489,15 @@ async fn bad_input_gets_a_json_error_and_writes_nothing() {
         }
     };
     let good = br#"{"type":"order.paid","data":{}}"#.to_vec();
-    let cases: Vec<(&str, Vec<u8>, Option<&'static str>, u16, &str)> = vec![
+    /// (what, body, bearer token, expected status, expected error code)
+    type Case = (
+        &'static str,
+        Vec<u8>,
+        Option<&'static str>,
+        u16,
+        &'static str,
+    );
+    let cases: Vec<Case> = vec![
         ("no token", good.clone(), None, 401, "unauthenticated"),
         (
             "wrong token",
