@@ -332,3 +332,131 @@ async fn enable(
     let state = api.engine.enable(&namespace, &name).await?;
     Ok(Json(serde_json::to_value(state).unwrap_or_default()))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::delivery::egress::EgressPolicy;
+    use crate::delivery::http::HttpSender;
+    use crate::delivery::{Engine, EngineConfig};
+    use crate::store::*;
+    use async_trait::async_trait;
+
+    /// A store whose disk is gone: every operation fails.
+    struct BrokenStore;
+
+    fn down<T>() -> crate::store::Result<T> {
+        Err(Error::Unavailable("disk I/O error".into()))
+    }
+
+    #[async_trait]
+    impl Store for BrokenStore {
+        async fn upsert_subscription(
+            &self,
+            _: SubscriptionRecord,
+        ) -> crate::store::Result<SubscriptionState> {
+            down()
+        }
+        async fn remove_subscription(&self, _: &str) -> crate::store::Result<u64> {
+            down()
+        }
+        async fn set_disabled(&self, _: &str, _: bool) -> crate::store::Result<SubscriptionState> {
+            down()
+        }
+        async fn subscription_state(
+            &self,
+            _: &str,
+        ) -> crate::store::Result<Option<SubscriptionState>> {
+            down()
+        }
+        async fn live_subscriptions(&self) -> crate::store::Result<Vec<SubscriptionRecord>> {
+            down()
+        }
+        async fn publish(
+            &self,
+            _: NewEvent,
+            _: Vec<String>,
+        ) -> crate::store::Result<PublishResult> {
+            down()
+        }
+        async fn claim_next(&self, _: &str, _: i64) -> crate::store::Result<Claim> {
+            down()
+        }
+        async fn complete(
+            &self,
+            _: i64,
+            _: AttemptRecord,
+            _: Next,
+        ) -> crate::store::Result<Completion> {
+            down()
+        }
+        async fn recover_in_flight(&self, _: i64) -> crate::store::Result<u64> {
+            down()
+        }
+        async fn pending_by_subscription(
+            &self,
+        ) -> crate::store::Result<Vec<(String, String, u64)>> {
+            down()
+        }
+        async fn list_deliveries(
+            &self,
+            _: &str,
+            _: StateFilter,
+            _: u32,
+        ) -> crate::store::Result<Vec<DeliveryView>> {
+            down()
+        }
+        async fn attempts(&self, _: &str, _: &str) -> crate::store::Result<Vec<AttemptRecord>> {
+            down()
+        }
+        async fn replay(
+            &self,
+            _: &str,
+            _: Option<Vec<String>>,
+            _: i64,
+        ) -> crate::store::Result<u64> {
+            down()
+        }
+        async fn prune(&self, _: i64) -> crate::store::Result<u64> {
+            down()
+        }
+    }
+
+    #[tokio::test]
+    async fn an_unavailable_store_answers_503_with_a_json_error() {
+        let engine = Engine::new(
+            Arc::new(BrokenStore),
+            HttpSender::new(EgressPolicy::default()).unwrap(),
+            EngineConfig {
+                max_in_flight: 16,
+                namespace_max_in_flight: 16,
+                namespace_max_pending: 100,
+                history_retention: std::time::Duration::from_secs(60),
+            },
+        );
+        let app = router(Api {
+            engine,
+            auth: Arc::new(auth::StaticToken(None)),
+            max_body: DEFAULT_MAX_BODY,
+        });
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap();
+        tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+
+        let response = reqwest::Client::new()
+            .post(format!("http://{address}/v1/namespaces/ns/events"))
+            .body(r#"{"type":"order.paid","data":{}}"#)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status().as_u16(), 503);
+        let body: serde_json::Value = response.json().await.unwrap();
+        assert_eq!(body["error"]["code"], "store_unavailable");
+        assert!(
+            body["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("unavailable")
+        );
+    }
+}
