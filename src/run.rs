@@ -153,8 +153,10 @@ async fn log_notices(engine: Arc<Engine>) {
     loop {
         match notices.recv().await {
             Ok(notice) => {
-                let line = serde_json::to_string(&notice).unwrap_or_default();
-                tracing::debug!(target: "herald::attempts", "{line}");
+                if tracing::enabled!(target: "herald::attempts", tracing::Level::DEBUG) {
+                    let line = serde_json::to_string(&notice).unwrap_or_default();
+                    tracing::debug!(target: "herald::attempts", "{line}");
+                }
             }
             Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => continue,
             Err(_) => return,

@@ -108,7 +108,14 @@ impl Receiver {
         self.hits().into_iter().filter(|h| h.path == path).collect()
     }
 
+    /// Number of requests received so far.
+    pub fn count(&self) -> usize {
+        self.shared.hits.lock().unwrap().len()
+    }
+
     /// Waits until `done` holds for the recorded hits, or panics with `what` at the deadline.
+    /// `done` runs under the lock, at most every few milliseconds, so waiting stays cheap
+    /// however many requests arrive.
     pub async fn wait_until(
         &self,
         what: &str,
@@ -118,9 +125,11 @@ impl Receiver {
         let end = tokio::time::Instant::now() + deadline;
         loop {
             let notified = self.shared.changed.notified();
-            let hits = self.hits();
-            if done(&hits) {
-                return hits;
+            {
+                let hits = self.shared.hits.lock().unwrap();
+                if done(&hits) {
+                    return hits.clone();
+                }
             }
             if tokio::time::timeout_at(end, notified).await.is_err() {
                 let hits = self.hits();
@@ -135,6 +144,7 @@ impl Receiver {
                     "timed out after {deadline:?} waiting for {what}; hits per path: {per_path:?}"
                 );
             }
+            tokio::time::sleep(Duration::from_millis(5)).await;
         }
     }
 }
