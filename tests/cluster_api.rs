@@ -40,7 +40,10 @@ fn kubectl_lists_and_explains_the_crds(cp: &ControlPlane) {
         ]
     );
 
-    let explain = cp.kubectl_ok(&["explain", "webhooksubscription.spec.delivery.retry"]);
+    let explain = cp.kubectl_eventually(
+        &["explain", "webhooksubscription.spec.delivery.retry"],
+        Duration::from_secs(60),
+    );
     for expected in [
         "maxDuration",
         "initialBackoff",

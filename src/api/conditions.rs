@@ -45,6 +45,9 @@ pub fn set(
 ) {
     let message = message.into();
     let status = status.as_str();
+    // metav1.Time has one-second resolution on the wire; keep exactly what the API server
+    // will store, so a read-back compares equal.
+    let now = Timestamp::from_second(now.as_second()).unwrap_or(now);
     match conditions.iter_mut().find(|c| c.type_ == type_) {
         Some(existing) => {
             if existing.status != status {
@@ -118,6 +121,22 @@ mod tests {
         assert_eq!(ready.last_transition_time, Time(at(300)));
         assert_eq!(ready.reason, "SecretMissing");
         assert_eq!(conditions.len(), 1);
+    }
+
+    #[test]
+    fn transition_times_have_whole_seconds_like_the_api_server() {
+        let mut conditions = Vec::new();
+        let now = Timestamp::from_millisecond(1_700_000_000_789).unwrap();
+        set(
+            &mut conditions,
+            types::READY,
+            Status::True,
+            "Delivering",
+            "",
+            None,
+            now,
+        );
+        assert_eq!(conditions[0].last_transition_time, Time(at(1_700_000_000)));
     }
 
     #[test]

@@ -9,7 +9,10 @@ use super::{WebhookQuota, WebhookSubscription};
 /// Every CRD with the file name it is kept under in `crds/`, in file-name order so that
 /// `cat crds/*.yaml` equals `herald crds`.
 pub fn all() -> Vec<(String, CustomResourceDefinition)> {
-    let mut crds = vec![WebhookQuota::crd(), WebhookSubscription::crd()];
+    let mut crds: Vec<_> = [WebhookQuota::crd(), WebhookSubscription::crd()]
+        .into_iter()
+        .map(kubernetes_formats)
+        .collect();
     crds.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
     crds.into_iter()
         .map(|crd| {
@@ -17,6 +20,30 @@ pub fn all() -> Vec<(String, CustomResourceDefinition)> {
             (format!("{name}.yaml"), crd)
         })
         .collect()
+}
+
+/// Kubernetes knows the integer formats int32 and int64 only; schemars also writes uint16,
+/// uint32 and uint64 (with a minimum of 0, which stays).
+fn kubernetes_formats(crd: CustomResourceDefinition) -> CustomResourceDefinition {
+    fn visit(value: &mut serde_json::Value) {
+        match value {
+            serde_json::Value::Object(map) => {
+                if let Some(serde_json::Value::String(format)) = map.get_mut("format") {
+                    match format.as_str() {
+                        "uint8" | "uint16" | "uint32" => *format = "int32".into(),
+                        "uint64" => *format = "int64".into(),
+                        _ => {}
+                    }
+                }
+                map.values_mut().for_each(visit);
+            }
+            serde_json::Value::Array(items) => items.iter_mut().for_each(visit),
+            _ => {}
+        }
+    }
+    let mut value = serde_json::to_value(&crd).expect("a CRD serialises");
+    visit(&mut value);
+    serde_json::from_value(value).expect("a CRD with changed formats deserialises")
 }
 
 /// One CRD as a YAML document, headed by a generated-file notice.

@@ -93,6 +93,27 @@ impl ControlPlane {
     }
 }
 
+impl ControlPlane {
+    /// kubectl that must succeed within `deadline`, for answers that lag behind a change
+    /// (the OpenAPI document behind `kubectl explain` is published after a CRD is
+    /// Established).
+    pub fn kubectl_eventually(&self, args: &[&str], deadline: std::time::Duration) -> String {
+        let end = std::time::Instant::now() + deadline;
+        loop {
+            let out = self.kubectl(args);
+            if out.status.success() {
+                return String::from_utf8(out.stdout).unwrap();
+            }
+            assert!(
+                std::time::Instant::now() < end,
+                "kubectl {args:?} still failing after {deadline:?}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            std::thread::sleep(std::time::Duration::from_millis(200));
+        }
+    }
+}
+
 impl Drop for ControlPlane {
     fn drop(&mut self) {
         let status = Command::new(repo().join("scripts/control-plane"))
