@@ -1,5 +1,6 @@
-//! The embedded store: SQLite in WAL mode with `synchronous=FULL`, behind one writer thread
-//! that commits in groups.
+//! The embedded store: SQLite in WAL mode behind one writer thread that commits in groups;
+//! commits that acknowledge events or change subscriptions are synced to disk
+//! (`synchronous=FULL`, see [`Durability`]).
 //!
 //! Why SQLite: it needs no server (herald works with zero setup), its transactions make the
 //! claim-and-fence one atomic step, and it is durable on disk. Why one writer thread with
@@ -21,7 +22,21 @@ use super::*;
 const MAX_GROUP: usize = 512;
 
 type Finisher = Box<dyn FnOnce(Result<(), String>) + Send>;
-type Job = Box<dyn FnOnce(&Connection) -> Finisher + Send>;
+type Job = (Durability, Box<dyn FnOnce(&Connection) -> Finisher + Send>);
+
+/// Whether an operation's commit must reach the disk before its caller hears "done".
+///
+/// Acknowledging an event, purging a removed subscription, and every change of what a
+/// subscription is must survive power loss: `Synced` commits with `synchronous=FULL`.
+/// Claims, attempt results and reads only move work along; losing the last of them to a
+/// power cut (never to a process crash: the WAL is written either way) means at worst that
+/// an attempt is made again, which at-least-once delivery allows. Those commit `Relaxed`
+/// (`synchronous=NORMAL`), unless they share a group with a `Synced` operation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Durability {
+    Synced,
+    Relaxed,
+}
 
 pub struct SqliteStore {
     jobs: mpsc::UnboundedSender<Job>,
@@ -107,20 +122,24 @@ impl SqliteStore {
     /// commit.
     async fn run<T: Send + 'static>(
         &self,
+        durability: Durability,
         op: impl FnOnce(&Connection) -> rusqlite::Result<T> + Send + 'static,
     ) -> Result<T> {
         let (reply, answer) = oneshot::channel();
-        let job: Job = Box::new(move |conn| {
-            let result = savepoint(conn, op);
-            Box::new(move |commit: Result<(), String>| {
-                let outcome = match (commit, result) {
-                    (Ok(()), Ok(value)) => Ok(value),
-                    (_, Err(e)) => Err(backend(e)),
-                    (Err(e), Ok(_)) => Err(Error::Unavailable(format!("commit failed: {e}"))),
-                };
-                let _ = reply.send(outcome);
-            })
-        });
+        let job: Job = (
+            durability,
+            Box::new(move |conn| {
+                let result = savepoint(conn, op);
+                Box::new(move |commit: Result<(), String>| {
+                    let outcome = match (commit, result) {
+                        (Ok(()), Ok(value)) => Ok(value),
+                        (_, Err(e)) => Err(backend(e)),
+                        (Err(e), Ok(_)) => Err(Error::Unavailable(format!("commit failed: {e}"))),
+                    };
+                    let _ = reply.send(outcome);
+                })
+            }),
+        );
         self.jobs
             .send(job)
             .map_err(|_| Error::Unavailable("the store's writer has stopped".into()))?;
@@ -130,18 +149,24 @@ impl SqliteStore {
     }
 }
 
+/// Runs one statement that takes no parameters, prepared once per connection.
+fn exec(conn: &Connection, sql: &str) -> rusqlite::Result<()> {
+    conn.prepare_cached(sql)?.execute([])?;
+    Ok(())
+}
+
 fn savepoint<T>(
     conn: &Connection,
     op: impl FnOnce(&Connection) -> rusqlite::Result<T>,
 ) -> rusqlite::Result<T> {
-    conn.execute_batch("SAVEPOINT op")?;
+    exec(conn, "SAVEPOINT op")?;
     match op(conn) {
         Ok(value) => {
-            conn.execute_batch("RELEASE op")?;
+            exec(conn, "RELEASE op")?;
             Ok(value)
         }
         Err(e) => {
-            let _ = conn.execute_batch("ROLLBACK TO op; RELEASE op");
+            let _ = exec(conn, "ROLLBACK TO op").and_then(|()| exec(conn, "RELEASE op"));
             Err(e)
         }
     }
@@ -150,6 +175,7 @@ fn savepoint<T>(
 /// The writer loop: take what is queued (up to MAX_GROUP), run it in one transaction,
 /// commit, then answer every caller.
 fn writer(conn: Connection, mut rx: mpsc::UnboundedReceiver<Job>) {
+    let mut synced = true; // the connection opens with synchronous=FULL
     while let Some(first) = rx.blocking_recv() {
         let mut group = vec![first];
         while group.len() < MAX_GROUP {
@@ -158,15 +184,30 @@ fn writer(conn: Connection, mut rx: mpsc::UnboundedReceiver<Job>) {
                 Err(_) => break,
             }
         }
-        if let Err(e) = conn.execute_batch("BEGIN IMMEDIATE") {
+        let needs_sync = group.iter().any(|(d, _)| *d == Durability::Synced);
+        if needs_sync != synced {
+            let pragma = if needs_sync {
+                "PRAGMA synchronous=FULL"
+            } else {
+                "PRAGMA synchronous=NORMAL"
+            };
+            if let Err(e) = conn.execute_batch(pragma) {
+                // Never commit a synced operation with less: answer every caller with the error.
+                tracing::error!(error = %e, "store: cannot set the sync mode");
+                drop(group);
+                continue;
+            }
+            synced = needs_sync;
+        }
+        if let Err(e) = exec(&conn, "BEGIN IMMEDIATE") {
             // Never run an operation outside a transaction. Dropping the jobs drops their
             // reply channels, so each caller hears that the store is unavailable.
             tracing::error!(error = %e, "store: cannot begin a transaction");
             drop(group);
             continue;
         }
-        let finishers: Vec<Finisher> = group.into_iter().map(|job| job(&conn)).collect();
-        let commit = conn.execute_batch("COMMIT").map_err(|e| e.to_string());
+        let finishers: Vec<Finisher> = group.into_iter().map(|(_, job)| job(&conn)).collect();
+        let commit = exec(&conn, "COMMIT").map_err(|e| e.to_string());
         if commit.is_err() {
             let _ = conn.execute_batch("ROLLBACK");
         }
@@ -200,7 +241,7 @@ fn state_of(conn: &Connection, uid: &str) -> rusqlite::Result<Option<Subscriptio
 #[async_trait]
 impl Store for SqliteStore {
     async fn upsert_subscription(&self, sub: SubscriptionRecord) -> Result<SubscriptionState> {
-        self.run(move |conn| {
+        self.run(Durability::Synced, move |conn| {
             conn.execute(
                 "INSERT INTO subscriptions (uid, namespace, name, paused, disable_after)
                  VALUES (?1, ?2, ?3, ?4, ?5)
@@ -222,7 +263,7 @@ impl Store for SqliteStore {
 
     async fn remove_subscription(&self, uid: &str) -> Result<u64> {
         let uid = uid.to_string();
-        self.run(move |conn| {
+        self.run(Durability::Synced, move |conn| {
             let purged = conn.execute(
                 "DELETE FROM deliveries WHERE sub_uid = ?1 AND state IN (0, 1)",
                 [&uid],
@@ -240,7 +281,7 @@ impl Store for SqliteStore {
 
     async fn set_disabled(&self, uid: &str, disabled: bool) -> Result<SubscriptionState> {
         let uid = uid.to_string();
-        self.run(move |conn| {
+        self.run(Durability::Synced, move |conn| {
             conn.execute(
                 "UPDATE subscriptions SET disabled = ?2,
                      consecutive_failures = CASE WHEN ?2 THEN consecutive_failures ELSE 0 END
@@ -254,11 +295,12 @@ impl Store for SqliteStore {
 
     async fn subscription_state(&self, uid: &str) -> Result<Option<SubscriptionState>> {
         let uid = uid.to_string();
-        self.run(move |conn| state_of(conn, &uid)).await
+        self.run(Durability::Relaxed, move |conn| state_of(conn, &uid))
+            .await
     }
 
     async fn live_subscriptions(&self) -> Result<Vec<SubscriptionRecord>> {
-        self.run(|conn| {
+        self.run(Durability::Relaxed, |conn| {
             let mut stmt = conn.prepare(
                 "SELECT uid, namespace, name, paused, disable_after FROM subscriptions WHERE live = 1",
             )?;
@@ -277,7 +319,7 @@ impl Store for SqliteStore {
     }
 
     async fn publish(&self, event: NewEvent, targets: Vec<String>) -> Result<PublishResult> {
-        self.run(move |conn| {
+        self.run(Durability::Synced, move |conn| {
             let existing: Option<u32> = conn
                 .query_row(
                     "SELECT matched FROM events WHERE namespace = ?1 AND event_id = ?2",
@@ -340,7 +382,7 @@ impl Store for SqliteStore {
 
     async fn claim_next(&self, uid: &str, now_ms: i64) -> Result<Claim> {
         let uid = uid.to_string();
-        self.run(move |conn| {
+        self.run(Durability::Relaxed, move |conn| {
             let deliverable: Option<bool> = conn
                 .prepare_cached(
                     "SELECT paused = 0 AND disabled = 0 FROM subscriptions WHERE uid = ?1 AND live = 1",
@@ -394,7 +436,7 @@ impl Store for SqliteStore {
         attempt: AttemptRecord,
         next: Next,
     ) -> Result<Completion> {
-        self.run(move |conn| {
+        self.run(Durability::Relaxed, move |conn| {
             let (state, due_ms) = match next {
                 Next::Delivered => (DeliveryState::Delivered, attempt.at_ms),
                 Next::Retry { due_ms } => (DeliveryState::Pending, due_ms),
@@ -449,7 +491,7 @@ impl Store for SqliteStore {
     }
 
     async fn recover_in_flight(&self, now_ms: i64) -> Result<u64> {
-        self.run(move |conn| {
+        self.run(Durability::Relaxed, move |conn| {
             Ok(conn.execute(
                 "UPDATE deliveries SET state = 0, due_ms = min(due_ms, ?1) WHERE state = 1",
                 [now_ms],
@@ -459,7 +501,7 @@ impl Store for SqliteStore {
     }
 
     async fn pending_by_subscription(&self) -> Result<Vec<(String, String, u64)>> {
-        self.run(|conn| {
+        self.run(Durability::Relaxed, |conn| {
             let mut stmt = conn.prepare(
                 "SELECT s.uid, s.namespace, count(d.id) FROM subscriptions s
                  JOIN deliveries d ON d.sub_uid = s.uid AND d.state IN (0, 1)
@@ -478,7 +520,7 @@ impl Store for SqliteStore {
         limit: u32,
     ) -> Result<Vec<DeliveryView>> {
         let uid = uid.to_string();
-        self.run(move |conn| {
+        self.run(Durability::Relaxed, move |conn| {
             let states = match filter {
                 StateFilter::Pending => "0, 1",
                 StateFilter::Dead => "3",
@@ -522,7 +564,7 @@ impl Store for SqliteStore {
 
     async fn attempts(&self, uid: &str, event_id: &str) -> Result<Vec<AttemptRecord>> {
         let (uid, event_id) = (uid.to_string(), event_id.to_string());
-        self.run(move |conn| {
+        self.run(Durability::Relaxed, move |conn| {
             let mut stmt = conn.prepare(
                 "SELECT a.at_ms, a.outcome, a.status_code, a.latency_ms, a.message
                  FROM attempt_log a JOIN deliveries d ON d.id = a.delivery
@@ -537,7 +579,7 @@ impl Store for SqliteStore {
 
     async fn replay(&self, uid: &str, event_ids: Option<Vec<String>>, now_ms: i64) -> Result<u64> {
         let uid = uid.to_string();
-        self.run(move |conn| {
+        self.run(Durability::Synced, move |conn| {
             let live: bool = conn.query_row(
                 "SELECT count(*) FROM subscriptions WHERE uid = ?1 AND live = 1",
                 [&uid],
@@ -569,7 +611,7 @@ impl Store for SqliteStore {
     }
 
     async fn prune(&self, older_than_ms: i64) -> Result<u64> {
-        self.run(move |conn| {
+        self.run(Durability::Relaxed, move |conn| {
             let mut removed = conn.execute("DELETE FROM attempt_log WHERE at_ms < ?1", [older_than_ms])?;
             removed += conn.execute(
                 "DELETE FROM deliveries WHERE state = 2 AND finished_ms < ?1",
