@@ -110,6 +110,8 @@ impl SqliteStore {
         )
         .map_err(backend)?;
         conn.execute_batch(SCHEMA).map_err(backend)?;
+        // Room for every statement herald prepares, so none is parsed twice.
+        conn.set_prepared_statement_cache_capacity(128);
         let (jobs, rx) = mpsc::unbounded_channel();
         std::thread::Builder::new()
             .name("herald-store".into())
@@ -321,11 +323,10 @@ impl Store for SqliteStore {
     async fn publish(&self, event: NewEvent, targets: Vec<String>) -> Result<PublishResult> {
         self.run(Durability::Synced, move |conn| {
             let existing: Option<u32> = conn
-                .query_row(
+                .prepare_cached(
                     "SELECT matched FROM events WHERE namespace = ?1 AND event_id = ?2",
-                    params![event.namespace, event.event_id],
-                    |r| r.get(0),
-                )
+                )?
+                .query_row(params![event.namespace, event.event_id], |r| r.get(0))
                 .optional()?;
             if let Some(matched) = existing {
                 return Ok(PublishResult {
@@ -335,17 +336,17 @@ impl Store for SqliteStore {
                     targets: Vec::new(),
                 });
             }
-            conn.execute(
+            conn.prepare_cached(
                 "INSERT INTO events (namespace, event_id, event_type, body, published_ms, matched)
                  VALUES (?1, ?2, ?3, ?4, ?5, 0)",
-                params![
-                    event.namespace,
-                    event.event_id,
-                    event.event_type,
-                    event.body,
-                    event.published_ms
-                ],
-            )?;
+            )?
+            .execute(params![
+                event.namespace,
+                event.event_id,
+                event.event_type,
+                event.body,
+                event.published_ms
+            ])?;
             let event_row = conn.last_insert_rowid();
             let mut live = Vec::with_capacity(targets.len());
             {
@@ -366,10 +367,8 @@ impl Store for SqliteStore {
                     }
                 }
             }
-            conn.execute(
-                "UPDATE events SET matched = ?2 WHERE id = ?1",
-                params![event_row, live.len() as u32],
-            )?;
+            conn.prepare_cached("UPDATE events SET matched = ?2 WHERE id = ?1")?
+                .execute(params![event_row, live.len() as u32])?;
             Ok(PublishResult {
                 event_id: event.event_id,
                 matched: live.len() as u32,
