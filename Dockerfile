@@ -3,6 +3,8 @@ FROM rust:1.95-bookworm AS build
 WORKDIR /src
 COPY Cargo.toml Cargo.lock ./
 COPY src ./src
+# Cargo.toml names the benchmark target; its file must exist for the manifest to load.
+COPY benches ./benches
 RUN cargo build --release --locked --bin herald
 
 FROM gcr.io/distroless/cc-debian12:nonroot

@@ -17,7 +17,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
-use support::herald::{Herald, secret, subscription};
+use support::herald::{Herald, lanes};
 use support::receiver::Receiver;
 
 const EVENTS: usize = 10_000;
@@ -26,17 +26,7 @@ const LANES: usize = 4;
 const NS: &str = "bench";
 
 fn manifests(receiver: &Receiver, paused: bool) -> Vec<Value> {
-    let mut list = vec![secret(NS)];
-    for lane in 0..LANES {
-        list.push(subscription(
-            NS,
-            &format!("sub-{lane}"),
-            &receiver.url(&format!("/sub-{lane}")),
-            &[&format!("bench.{lane}")],
-            json!({"paused": paused, "delivery": {"maxInFlight": CONCURRENCY / LANES}}),
-        ));
-    }
-    list
+    lanes(receiver, NS, "bench", LANES, CONCURRENCY / LANES, paused)
 }
 
 /// Runs `n` jobs over `CONCURRENCY` workers.

@@ -3,13 +3,13 @@
 use std::io::{Read, Write};
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand, ValueEnum};
 
 use crate::api::{SigningScheme, crdgen};
-use crate::signing::{DEFAULT_TOLERANCE, Signer};
+use crate::signing::{DEFAULT_TOLERANCE, Signer, unix_now};
 
 #[derive(Parser, Debug)]
 #[command(
@@ -125,13 +125,6 @@ fn parse_header(raw: &str) -> Result<(String, String), String> {
         .split_once(':')
         .ok_or_else(|| format!("{raw:?} is not of the form 'Name: value'"))?;
     Ok((name.trim().to_string(), value.trim().to_string()))
-}
-
-fn unix_now() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_secs() as i64)
-        .unwrap_or_default()
 }
 
 impl Cli {

@@ -204,10 +204,7 @@ async fn receive_one(
         .iter()
         .filter_map(|(k, v)| Some((k.as_str(), v.to_str().ok()?)))
         .collect();
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap_or_default()
-        .as_secs() as i64;
+    let now = crate::signing::unix_now();
     let get = |name: &str| {
         headers
             .get(name)

@@ -12,6 +12,7 @@ use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, PostParams
 use kube::core::ApiResource;
 use serde_json::json;
 use support::control_plane::ControlPlane;
+use support::herald::merge;
 
 const FINALIZER: &str = "herald.dev/purge-attempts";
 
@@ -261,7 +262,7 @@ async fn schema_refuses_invalid_specs(cp: &ControlPlane, client: kube::Client) {
     ];
     for (i, (what, patch, expected)) in cases.into_iter().enumerate() {
         let mut spec = base.clone();
-        json_merge(&mut spec, &patch);
+        merge(&mut spec, &patch);
         let object: DynamicObject = serde_json::from_value(json!({
             "apiVersion": "herald.dev/v1alpha1",
             "kind": "WebhookSubscription",
@@ -300,19 +301,4 @@ async fn schema_refuses_invalid_specs(cp: &ControlPlane, client: kube::Client) {
         err.to_string().contains("greater than or equal to 16"),
         "{err}"
     );
-}
-
-fn json_merge(target: &mut serde_json::Value, patch: &serde_json::Value) {
-    match (target, patch) {
-        (serde_json::Value::Object(t), serde_json::Value::Object(p)) => {
-            for (k, v) in p {
-                if v.is_null() {
-                    t.remove(k);
-                } else {
-                    json_merge(t.entry(k.clone()).or_insert(serde_json::Value::Null), v);
-                }
-            }
-        }
-        (t, p) => *t = p.clone(),
-    }
 }

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::{Value, json};
-use support::herald::{Herald, secret, subscription};
+use support::herald::{Herald, lanes};
 use support::receiver::Receiver;
 
 const NS: &str = "load";
@@ -17,17 +17,7 @@ const EVENTS: usize = 10_000;
 const LANES: usize = 4;
 
 fn manifests(receiver: &Receiver, paused: bool) -> Vec<Value> {
-    let mut list = vec![secret(NS)];
-    for lane in 0..LANES {
-        list.push(subscription(
-            NS,
-            &format!("sub-{lane}"),
-            &receiver.url(&format!("/sub-{lane}")),
-            &[&format!("load.{lane}")],
-            json!({"paused": paused, "delivery": {"maxInFlight": 8}}),
-        ));
-    }
-    list
+    lanes(receiver, NS, "load", LANES, 8, paused)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -4,7 +4,7 @@
 
 use std::error::Error as _;
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime};
 
 use reqwest::header::{CONTENT_TYPE, HeaderMap, HeaderName, HeaderValue, USER_AGENT};
 
@@ -74,10 +74,7 @@ impl HttpSender {
             return result(Outcome::Terminal, None, None, refused.to_string());
         }
 
-        let now = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .unwrap_or_default()
-            .as_secs() as i64;
+        let now = crate::signing::unix_now();
         let mut headers = HeaderMap::with_capacity(8 + target.headers.len());
         for (name, value) in target.headers {
             headers.append(name.clone(), value.clone());

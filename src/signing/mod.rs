@@ -135,6 +135,14 @@ impl Signer {
     }
 }
 
+/// The clock in Unix seconds, as signatures carry it.
+pub fn unix_now() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs() as i64)
+        .unwrap_or_default()
+}
+
 /// The single value of a header, looked up case-insensitively. A header sent twice is
 /// refused rather than guessed at.
 pub(crate) fn header<'a>(

@@ -52,6 +52,29 @@ pub fn secret(namespace: &str) -> Value {
     })
 }
 
+/// A secret and `lanes` subscriptions `sub-<n>` in `namespace`, each on its own receiver
+/// path and event type `<prefix>.<n>`, with lane width `width`.
+pub fn lanes(
+    receiver: &super::receiver::Receiver,
+    namespace: &str,
+    prefix: &str,
+    lanes: usize,
+    width: usize,
+    paused: bool,
+) -> Vec<Value> {
+    let mut list = vec![secret(namespace)];
+    for lane in 0..lanes {
+        list.push(subscription(
+            namespace,
+            &format!("sub-{lane}"),
+            &receiver.url(&format!("/sub-{lane}")),
+            &[&format!("{prefix}.{lane}")],
+            json!({"paused": paused, "delivery": {"maxInFlight": width}}),
+        ));
+    }
+    list
+}
+
 pub fn quota(namespace: &str, max_in_flight: u32) -> Value {
     json!({
         "apiVersion": "herald.dev/v1alpha1",
@@ -61,11 +84,16 @@ pub fn quota(namespace: &str, max_in_flight: u32) -> Value {
     })
 }
 
-fn merge(target: &mut Value, patch: &Value) {
+/// JSON merge patch (RFC 7386): objects merge, null removes, anything else replaces.
+pub fn merge(target: &mut Value, patch: &Value) {
     match (target, patch) {
         (Value::Object(t), Value::Object(p)) => {
             for (k, v) in p {
-                merge(t.entry(k.clone()).or_insert(Value::Null), v);
+                if v.is_null() {
+                    t.remove(k);
+                } else {
+                    merge(t.entry(k.clone()).or_insert(Value::Null), v);
+                }
             }
         }
         (t, p) => *t = p.clone(),

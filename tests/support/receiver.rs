@@ -160,10 +160,7 @@ async fn handle(
         .iter()
         .filter_map(|(k, v)| Some((k.as_str(), v.to_str().ok()?)))
         .collect();
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_secs() as i64;
+    let now = herald::signing::unix_now();
     let verified = shared
         .signer
         .verify(pairs.iter().copied(), &body, now, Duration::from_secs(300))
