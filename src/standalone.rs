@@ -3,8 +3,10 @@
 //! changes (polled every second) or on SIGHUP. A subscription that disappears from the
 //! folder takes the same purge-and-fence path as a deleted object in a cluster.
 //!
-//! A folder that does not parse, or holds an invalid subscription, is not applied at all:
-//! a typo must never look like a deletion and purge pending deliveries.
+//! Subscriptions are checked against the schema's CEL rules, as the API server would (its
+//! OpenAPI bounds are not re-checked here; the engine clamps lane width and attempts). A
+//! folder that does not parse, or holds an invalid subscription, is not applied at all: a
+//! typo must never look like a deletion and purge pending deliveries.
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
@@ -15,7 +17,7 @@ use base64::Engine as _;
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
-use crate::api::{WebhookQuotaSpec, WebhookSubscriptionSpec};
+use crate::api::{WebhookQuotaSpec, WebhookSubscription, WebhookSubscriptionSpec};
 use crate::delivery::{Engine, SubscriptionConfig};
 
 type Key = (String, String);
@@ -90,6 +92,10 @@ pub fn load(dir: &Path) -> anyhow::Result<Manifests> {
                     let spec: WebhookSubscriptionSpec =
                         serde_json::from_value(doc.get("spec").cloned().unwrap_or(Value::Null))
                             .map_err(|e| anyhow::anyhow!(context(&e.to_string())))?;
+                    // The schema's CEL rules, as the API server would apply them.
+                    WebhookSubscription::new(&name, spec.clone())
+                        .validate_cel()
+                        .map_err(|e| anyhow::anyhow!(context(&e.to_string())))?;
                     if out.subscriptions.insert(key.clone(), spec).is_some() {
                         anyhow::bail!(context("declared twice"));
                     }
@@ -268,6 +274,78 @@ impl Sync {
                     last = now;
                 }
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn folder(files: &[(&str, &str)]) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("herald-standalone-{}", uuid::Uuid::now_v7()));
+        std::fs::create_dir_all(&dir).unwrap();
+        for (name, text) in files {
+            std::fs::write(dir.join(name), text).unwrap();
+        }
+        dir
+    }
+
+    const SUB: &str = "apiVersion: herald.dev/v1alpha1
+kind: WebhookSubscription
+metadata: {name: orders, namespace: shop}
+spec:
+  url: URL
+  eventTypes: [order.*]
+  signing: {secretRef: {name: s, key: k}}
+";
+
+    #[test]
+    fn loads_subscriptions_quotas_and_secrets_and_skips_other_kinds() {
+        let dir = folder(&[
+            ("a.yaml", &SUB.replace("URL", "https://example.com/h")),
+            (
+                "b.yml",
+                "apiVersion: v1\nkind: Secret\nmetadata: {name: s, namespace: shop}\ndata: {k: d2hzZWNfQUFBQQ==}\n---\napiVersion: v1\nkind: Namespace\nmetadata: {name: shop}\n---\napiVersion: herald.dev/v1alpha1\nkind: WebhookQuota\nmetadata: {name: q}\nspec: {maxInFlight: 32}\n",
+            ),
+            ("ignored.txt", "not yaml"),
+        ]);
+        let m = load(&dir).unwrap();
+        assert_eq!(m.subscriptions.len(), 1);
+        assert_eq!(m.secrets[&("shop".into(), "s".into())]["k"], "whsec_AAAA");
+        assert_eq!(m.quotas[&("default".into(), "q".into())].max_in_flight, 32);
+        let spec = &m.subscriptions[&("shop".into(), "orders".into())];
+        assert_eq!(
+            resolve_secrets(&m, "shop", spec),
+            Ok(vec!["whsec_AAAA".to_string()])
+        );
+        assert!(
+            resolve_secrets(&m, "other", spec)
+                .unwrap_err()
+                .contains("not found")
+        );
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    #[test]
+    fn invalid_folders_are_refused_whole() {
+        let cases = [
+            SUB.replace("URL", "ftp://example.com/h"),
+            SUB.replace("URL", "https://example.com/h") + "  delivery: {timeout: 5 days}\n",
+            SUB.replace("URL", "https://example.com/h") + "  delivery: {timeout: 10m}\n",
+            format!(
+                "{}---\n{}",
+                SUB.replace("URL", "https://a.example/"),
+                SUB.replace("URL", "https://b.example/")
+            ),
+            "kind: WebhookQuota\nmetadata: {name: q}\nspec: {maxInFlight: 8}\n".to_string(),
+            "kind: Secret\nmetadata: {name: s}\ndata: {k: '%%%'}\n".to_string(),
+            "{ not yaml".to_string(),
+        ];
+        for text in cases {
+            let dir = folder(&[("a.yaml", &text)]);
+            assert!(load(&dir).is_err(), "accepted:\n{text}");
+            let _ = std::fs::remove_dir_all(dir);
         }
     }
 }
