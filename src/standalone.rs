@@ -271,7 +271,15 @@ impl Sync {
                 }
                 Err(e) => {
                     tracing::error!(error = %format!("{e:#}"), "configuration not applied; keeping the last one");
-                    last = now;
+                    // A bad folder waits for the next change; a store that failed is retried
+                    // on the next tick.
+                    let store_failed = e.chain().any(|c| {
+                        c.downcast_ref::<crate::delivery::engine::EngineError>()
+                            .is_some()
+                    });
+                    if !store_failed {
+                        last = now;
+                    }
                 }
             }
         }
