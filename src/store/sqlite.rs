@@ -193,7 +193,7 @@ fn writer(conn: Connection, mut rx: mpsc::UnboundedReceiver<Job>) {
             } else {
                 "PRAGMA synchronous=NORMAL"
             };
-            if let Err(e) = conn.execute_batch(pragma) {
+            if let Err(e) = exec(&conn, pragma) {
                 // Never commit a synced operation with less: answer every caller with the error.
                 tracing::error!(error = %e, "store: cannot set the sync mode");
                 drop(group);
@@ -382,46 +382,41 @@ impl Store for SqliteStore {
     async fn claim_next(&self, uid: &str, now_ms: i64) -> Result<Claim> {
         let uid = uid.to_string();
         self.run(Durability::Relaxed, move |conn| {
-            let deliverable: Option<bool> = conn
+            // The fence and the claim in one statement: the next due delivery moves to in
+            // flight only while its subscription is live, enabled and unpaused.
+            let claimed: Option<(i64, i64, u32, i64)> = conn
                 .prepare_cached(
-                    "SELECT paused = 0 AND disabled = 0 FROM subscriptions WHERE uid = ?1 AND live = 1",
+                    "UPDATE deliveries SET state = 1, attempts = attempts + 1
+                     WHERE id = (SELECT id FROM deliveries
+                                 WHERE sub_uid = ?1 AND state = 0 AND due_ms <= ?2
+                                 ORDER BY due_ms, id LIMIT 1)
+                       AND EXISTS (SELECT 1 FROM subscriptions WHERE uid = ?1 AND live = 1
+                                   AND paused = 0 AND disabled = 0)
+                     RETURNING id, event, attempts, window_start_ms",
                 )?
-                .query_row([&uid], |r| r.get(0))
+                .query_row(params![uid, now_ms], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))
                 .optional()?;
-            if deliverable != Some(true) {
-                return Ok(Claim::Idle { next_due_ms: None });
-            }
-            let due: Option<(i64, i64)> = conn
-                .prepare_cached(
-                    "SELECT id, due_ms FROM deliveries WHERE sub_uid = ?1 AND state = 0
-                     ORDER BY due_ms, id LIMIT 1",
-                )?
-                .query_row([&uid], |r| Ok((r.get(0)?, r.get(1)?)))
-                .optional()?;
-            let Some((delivery_id, due_ms)) = due else {
-                return Ok(Claim::Idle { next_due_ms: None });
+            let Some((delivery_id, event, attempt, window_start_ms)) = claimed else {
+                let next_due_ms: Option<Option<i64>> = conn
+                    .prepare_cached(
+                        "SELECT (SELECT min(due_ms) FROM deliveries WHERE sub_uid = ?1 AND state = 0)
+                         FROM subscriptions WHERE uid = ?1 AND live = 1 AND paused = 0 AND disabled = 0",
+                    )?
+                    .query_row([&uid], |r| r.get(0))
+                    .optional()?;
+                return Ok(Claim::Idle { next_due_ms: next_due_ms.flatten() });
             };
-            if due_ms > now_ms {
-                return Ok(Claim::Idle { next_due_ms: Some(due_ms) });
-            }
-            conn.prepare_cached(
-                "UPDATE deliveries SET state = 1, attempts = attempts + 1 WHERE id = ?1",
-            )?
-            .execute([delivery_id])?;
             let claimed = conn
-                .prepare_cached(
-                    "SELECT e.event_id, e.event_type, e.body, d.attempts, d.window_start_ms
-                     FROM deliveries d JOIN events e ON e.id = d.event WHERE d.id = ?1",
-                )?
-                .query_row([delivery_id], |r| {
+                .prepare_cached("SELECT event_id, event_type, body FROM events WHERE id = ?1")?
+                .query_row([event], |r| {
                     Ok(Claimed {
                         delivery_id,
                         subscription_uid: uid.clone(),
                         event_id: r.get(0)?,
                         event_type: r.get(1)?,
                         body: r.get(2)?,
-                        attempt: r.get(3)?,
-                        window_start_ms: r.get(4)?,
+                        attempt,
+                        window_start_ms,
                     })
                 })?;
             Ok(Claim::Claimed(claimed))
