@@ -489,93 +489,33 @@ impl Engine {
         }
     }
 
-    /// One slot: claim the lane's next due delivery (the fence), send it, record it. When it
-    /// is recorded, the slot goes on to whichever lane the scheduler gives the next turn to
-    /// (fairness unchanged), and that lane's claim rides in the same store round trip as the
-    /// record.
+    /// One slot of a lane: claim the next due delivery (the fence), send it, record it.
     async fn attempt(self: Arc<Self>, config: Arc<SubscriptionConfig>, epoch: u64) {
-        let mut claim = self.store.claim_next(&config.uid, now_ms()).await;
-        let (mut config, mut epoch) = (config, epoch);
-        loop {
-            let Some(claimed) = self.claimed_or_release(&config, epoch, claim) else {
-                return;
-            };
-            let (next, record, outcome) = self.send(&config, &claimed).await;
-
-            // The next turn is taken before this slot is given back, so a lane never has
-            // more attempts in flight than its width, not even for a moment.
-            let following = {
-                let mut inner = self.lock();
-                inner.scheduler.start_next().and_then(|uid| {
-                    let epoch = inner.scheduler.epoch(&uid);
-                    match inner.subs.get(&uid) {
-                        Some(config) => Some((config.clone(), epoch)),
-                        None => {
-                            inner.scheduler.release(&uid, "");
-                            None
-                        }
-                    }
-                })
-            };
-            let claim_for = following.as_ref().map(|(c, _)| (c.uid.clone(), now_ms()));
-            let result = self
-                .store
-                .complete_and_claim(claimed.delivery_id, record.clone(), next, claim_for)
-                .await;
-            let (completion, following_claim) = match result {
-                Ok((done, claim)) => (Ok(done), claim.map(Ok)),
-                // Whether the record committed is unknown; the next lane tries its own claim.
-                Err(e) => (Err(e), None),
-            };
-            self.recorded(&config, &claimed, next, &record, outcome, completion);
-
-            let Some((next_config, next_epoch)) = following else {
-                return;
-            };
-            claim = match following_claim {
-                Some(claim) => claim,
-                None => self.store.claim_next(&next_config.uid, now_ms()).await,
-            };
-            (config, epoch) = (next_config, next_epoch);
-        }
-    }
-
-    /// The claimed delivery, or None after giving the slot back (nothing due, or the claim
-    /// failed).
-    fn claimed_or_release(
-        &self,
-        config: &SubscriptionConfig,
-        epoch: u64,
-        claim: Result<Claim, store::Error>,
-    ) -> Option<store::Claimed> {
         let uid = config.uid.as_str();
-        let mut inner = self.lock();
-        match claim {
-            Ok(Claim::Claimed(claimed)) => return Some(claimed),
+        let claimed = match self.store.claim_next(uid, now_ms()).await {
+            Ok(Claim::Claimed(claimed)) => claimed,
             Ok(Claim::Idle { next_due_ms }) => {
+                let mut inner = self.lock();
                 inner.scheduler.idle(uid, epoch);
                 inner.scheduler.release(uid, &config.namespace);
                 if let Some(at) = next_due_ms {
                     inner.add_timer(uid, at);
                 }
+                drop(inner);
+                self.wakeup.notify_one();
+                return;
             }
             Err(e) => {
                 tracing::warn!(error = %e, subscription = %config.name, namespace = %config.namespace, "claim failed; retrying in 1s");
+                let mut inner = self.lock();
                 inner.scheduler.release(uid, &config.namespace);
                 inner.add_timer(uid, now_ms() + 1000);
+                drop(inner);
+                self.wakeup.notify_one();
+                return;
             }
-        }
-        drop(inner);
-        self.wakeup.notify_one();
-        None
-    }
+        };
 
-    /// Sends one attempt and decides what happens next.
-    async fn send(
-        &self,
-        config: &SubscriptionConfig,
-        claimed: &store::Claimed,
-    ) -> (Next, AttemptRecord, Outcome) {
         let result = match &config.signer {
             Some(signer) => {
                 let target = Target {
@@ -584,7 +524,7 @@ impl Engine {
                     timeout: config.timeout,
                     headers: &config.headers,
                 };
-                self.sender.send(&target, claimed).await
+                self.sender.send(&target, &claimed).await
             }
             // The store holds a subscription without a signer as paused; this is a race
             // with a configuration change. Nothing was sent: try again later.
@@ -598,7 +538,7 @@ impl Engine {
         };
 
         let now = now_ms();
-        let mut message = result.message;
+        let mut message = result.message.clone();
         let next = match result.outcome {
             Outcome::Accepted => Next::Delivered,
             Outcome::Terminal => Next::DeadLetter,
@@ -624,21 +564,11 @@ impl Engine {
             latency_ms: result.latency.as_millis() as u64,
             message: store::excerpt(message.as_bytes()),
         };
-        (next, record, result.outcome)
-    }
+        let completion = self
+            .store
+            .complete(claimed.delivery_id, record.clone(), next)
+            .await;
 
-    /// After the store has the attempt: give the slot back, schedule the retry, count, and
-    /// tell whoever listens.
-    fn recorded(
-        &self,
-        config: &SubscriptionConfig,
-        claimed: &store::Claimed,
-        next: Next,
-        record: &AttemptRecord,
-        outcome: Outcome,
-        completion: Result<store::Completion, store::Error>,
-    ) {
-        let uid = config.uid.as_str();
         let mut inner = self.lock();
         inner.scheduler.release(uid, &config.namespace);
         match &completion {
@@ -660,15 +590,15 @@ impl Engine {
             name: config.name.clone(),
             event_id: claimed.event_id.clone(),
             attempt: claimed.attempt,
-            outcome,
-            status_code: record.status_code,
+            outcome: result.outcome,
+            status_code: result.status,
             latency_ms: record.latency_ms,
             next: match next {
                 Next::Delivered => "delivered",
                 Next::Retry { .. } => "retry",
                 Next::DeadLetter => "dead-letter",
             },
-            message: record.message.clone(),
+            message: record.message,
         });
         if let Ok(done) = completion
             && done.disabled_now

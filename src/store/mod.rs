@@ -220,23 +220,6 @@ pub trait Store: Send + Sync + 'static {
         next: Next,
     ) -> Result<Completion>;
 
-    /// [`Store::complete`], then (in the same round trip where the backend can) a
-    /// [`Store::claim_next`] for the lane that takes the freed turn.
-    async fn complete_and_claim(
-        &self,
-        delivery_id: i64,
-        attempt: AttemptRecord,
-        next: Next,
-        claim: Option<(String, i64)>,
-    ) -> Result<(Completion, Option<Claim>)> {
-        let done = self.complete(delivery_id, attempt, next).await?;
-        let claimed = match claim {
-            Some((uid, now_ms)) => Some(self.claim_next(&uid, now_ms).await?),
-            None => None,
-        };
-        Ok((done, claimed))
-    }
-
     /// After a restart: deliveries that were on the wire become due again (at least once).
     async fn recover_in_flight(&self, now_ms: i64) -> Result<u64>;
 

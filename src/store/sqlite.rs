@@ -381,8 +381,47 @@ impl Store for SqliteStore {
 
     async fn claim_next(&self, uid: &str, now_ms: i64) -> Result<Claim> {
         let uid = uid.to_string();
-        self.run(Durability::Relaxed, move |conn| claim_in(conn, uid, now_ms))
-            .await
+        self.run(Durability::Relaxed, move |conn| {
+            // The fence and the claim in one statement: the next due delivery moves to in
+            // flight only while its subscription is live, enabled and unpaused.
+            let claimed: Option<(i64, i64, u32, i64)> = conn
+                .prepare_cached(
+                    "UPDATE deliveries SET state = 1, attempts = attempts + 1
+                     WHERE id = (SELECT id FROM deliveries
+                                 WHERE sub_uid = ?1 AND state = 0 AND due_ms <= ?2
+                                 ORDER BY due_ms, id LIMIT 1)
+                       AND EXISTS (SELECT 1 FROM subscriptions WHERE uid = ?1 AND live = 1
+                                   AND paused = 0 AND disabled = 0)
+                     RETURNING id, event, attempts, window_start_ms",
+                )?
+                .query_row(params![uid, now_ms], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))
+                .optional()?;
+            let Some((delivery_id, event, attempt, window_start_ms)) = claimed else {
+                let next_due_ms: Option<Option<i64>> = conn
+                    .prepare_cached(
+                        "SELECT (SELECT min(due_ms) FROM deliveries WHERE sub_uid = ?1 AND state = 0)
+                         FROM subscriptions WHERE uid = ?1 AND live = 1 AND paused = 0 AND disabled = 0",
+                    )?
+                    .query_row([&uid], |r| r.get(0))
+                    .optional()?;
+                return Ok(Claim::Idle { next_due_ms: next_due_ms.flatten() });
+            };
+            let claimed = conn
+                .prepare_cached("SELECT event_id, event_type, body FROM events WHERE id = ?1")?
+                .query_row([event], |r| {
+                    Ok(Claimed {
+                        delivery_id,
+                        subscription_uid: uid.clone(),
+                        event_id: r.get(0)?,
+                        event_type: r.get(1)?,
+                        body: r.get(2)?,
+                        attempt,
+                        window_start_ms,
+                    })
+                })?;
+            Ok(Claim::Claimed(claimed))
+        })
+        .await
     }
 
     async fn complete(
@@ -392,25 +431,55 @@ impl Store for SqliteStore {
         next: Next,
     ) -> Result<Completion> {
         self.run(Durability::Relaxed, move |conn| {
-            complete_in(conn, delivery_id, attempt, next)
-        })
-        .await
-    }
-
-    async fn complete_and_claim(
-        &self,
-        delivery_id: i64,
-        attempt: AttemptRecord,
-        next: Next,
-        claim: Option<(String, i64)>,
-    ) -> Result<(Completion, Option<Claim>)> {
-        self.run(Durability::Relaxed, move |conn| {
-            let done = complete_in(conn, delivery_id, attempt, next)?;
-            let claimed = match claim {
-                Some((uid, now_ms)) => Some(claim_in(conn, uid, now_ms)?),
-                None => None,
+            let (state, due_ms) = match next {
+                Next::Delivered => (DeliveryState::Delivered, attempt.at_ms),
+                Next::Retry { due_ms } => (DeliveryState::Pending, due_ms),
+                Next::DeadLetter => (DeliveryState::Dead, attempt.at_ms),
             };
-            Ok((done, claimed))
+            let finished = (state != DeliveryState::Pending).then_some(attempt.at_ms);
+            let sub_uid: Option<String> = conn
+                .prepare_cached(
+                    "UPDATE deliveries SET state = ?2, due_ms = ?3, finished_ms = ?4
+                     WHERE id = ?1 AND state = 1 RETURNING sub_uid",
+                )?
+                .query_row(params![delivery_id, state.code(), due_ms, finished], |r| r.get(0))
+                .optional()?;
+            let Some(sub_uid) = sub_uid else {
+                return Ok(Completion::default());
+            };
+            conn.prepare_cached(
+                "INSERT INTO attempt_log (delivery, at_ms, outcome, status_code, latency_ms, message)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+            )?
+            .execute(params![
+                delivery_id,
+                attempt.at_ms,
+                attempt.outcome,
+                attempt.status_code,
+                attempt.latency_ms as i64,
+                attempt.message
+            ])?;
+            let ok = next == Next::Delivered;
+            let dead = next == Next::DeadLetter;
+            let (failures, disabled_now): (u32, bool) = conn
+                .prepare_cached(
+                    "UPDATE subscriptions SET
+                         consecutive_failures = CASE WHEN ?2 THEN 0 ELSE consecutive_failures + 1 END,
+                         delivered = delivered + ?2,
+                         failed = failed + (NOT ?2),
+                         dead_lettered = dead_lettered + ?3,
+                         disabled = CASE WHEN NOT ?2 AND disable_after > 0
+                                          AND consecutive_failures + 1 >= disable_after
+                                         THEN 1 ELSE disabled END
+                     WHERE uid = ?1 AND live = 1
+                     RETURNING consecutive_failures,
+                               disabled = 1 AND NOT ?2 AND disable_after > 0
+                                   AND consecutive_failures = disable_after",
+                )?
+                .query_row(params![sub_uid, ok, dead], |r| Ok((r.get(0)?, r.get(1)?)))
+                .optional()?
+                .unwrap_or((0, false));
+            Ok(Completion { recorded: true, disabled_now, consecutive_failures: failures })
         })
         .await
     }
@@ -560,115 +629,6 @@ impl Store for SqliteStore {
 /// SQLite integers are signed; counts never are.
 fn count(r: &rusqlite::Row<'_>, index: usize) -> rusqlite::Result<u64> {
     Ok(r.get::<_, i64>(index)?.max(0) as u64)
-}
-
-/// The fence and the claim in one statement: the subscription's next due delivery moves to
-/// in flight only while the subscription is live, enabled and unpaused.
-fn claim_in(conn: &Connection, uid: String, now_ms: i64) -> rusqlite::Result<Claim> {
-    let claimed: Option<(i64, i64, u32, i64)> = conn
-        .prepare_cached(
-            "UPDATE deliveries SET state = 1, attempts = attempts + 1
-                 WHERE id = (SELECT id FROM deliveries
-                             WHERE sub_uid = ?1 AND state = 0 AND due_ms <= ?2
-                             ORDER BY due_ms, id LIMIT 1)
-                   AND EXISTS (SELECT 1 FROM subscriptions WHERE uid = ?1 AND live = 1
-                               AND paused = 0 AND disabled = 0)
-                 RETURNING id, event, attempts, window_start_ms",
-        )?
-        .query_row(params![uid, now_ms], |r| {
-            Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?))
-        })
-        .optional()?;
-    let Some((delivery_id, event, attempt, window_start_ms)) = claimed else {
-        let next_due_ms: Option<Option<i64>> = conn
-                .prepare_cached(
-                    "SELECT (SELECT min(due_ms) FROM deliveries WHERE sub_uid = ?1 AND state = 0)
-                     FROM subscriptions WHERE uid = ?1 AND live = 1 AND paused = 0 AND disabled = 0",
-                )?
-                .query_row([&uid], |r| r.get(0))
-                .optional()?;
-        return Ok(Claim::Idle {
-            next_due_ms: next_due_ms.flatten(),
-        });
-    };
-    let claimed = conn
-        .prepare_cached("SELECT event_id, event_type, body FROM events WHERE id = ?1")?
-        .query_row([event], |r| {
-            Ok(Claimed {
-                delivery_id,
-                subscription_uid: uid.clone(),
-                event_id: r.get(0)?,
-                event_type: r.get(1)?,
-                body: r.get(2)?,
-                attempt,
-                window_start_ms,
-            })
-        })?;
-    Ok(Claim::Claimed(claimed))
-}
-
-/// Records an attempt and moves its delivery on, unless it was purged meanwhile.
-fn complete_in(
-    conn: &Connection,
-    delivery_id: i64,
-    attempt: AttemptRecord,
-    next: Next,
-) -> rusqlite::Result<Completion> {
-    let (state, due_ms) = match next {
-        Next::Delivered => (DeliveryState::Delivered, attempt.at_ms),
-        Next::Retry { due_ms } => (DeliveryState::Pending, due_ms),
-        Next::DeadLetter => (DeliveryState::Dead, attempt.at_ms),
-    };
-    let finished = (state != DeliveryState::Pending).then_some(attempt.at_ms);
-    let sub_uid: Option<String> = conn
-        .prepare_cached(
-            "UPDATE deliveries SET state = ?2, due_ms = ?3, finished_ms = ?4
-                 WHERE id = ?1 AND state = 1 RETURNING sub_uid",
-        )?
-        .query_row(params![delivery_id, state.code(), due_ms, finished], |r| {
-            r.get(0)
-        })
-        .optional()?;
-    let Some(sub_uid) = sub_uid else {
-        return Ok(Completion::default());
-    };
-    conn.prepare_cached(
-        "INSERT INTO attempt_log (delivery, at_ms, outcome, status_code, latency_ms, message)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
-    )?
-    .execute(params![
-        delivery_id,
-        attempt.at_ms,
-        attempt.outcome,
-        attempt.status_code,
-        attempt.latency_ms as i64,
-        attempt.message
-    ])?;
-    let ok = next == Next::Delivered;
-    let dead = next == Next::DeadLetter;
-    let (failures, disabled_now): (u32, bool) = conn
-        .prepare_cached(
-            "UPDATE subscriptions SET
-                     consecutive_failures = CASE WHEN ?2 THEN 0 ELSE consecutive_failures + 1 END,
-                     delivered = delivered + ?2,
-                     failed = failed + (NOT ?2),
-                     dead_lettered = dead_lettered + ?3,
-                     disabled = CASE WHEN NOT ?2 AND disable_after > 0
-                                      AND consecutive_failures + 1 >= disable_after
-                                     THEN 1 ELSE disabled END
-                 WHERE uid = ?1 AND live = 1
-                 RETURNING consecutive_failures,
-                           disabled = 1 AND NOT ?2 AND disable_after > 0
-                               AND consecutive_failures = disable_after",
-        )?
-        .query_row(params![sub_uid, ok, dead], |r| Ok((r.get(0)?, r.get(1)?)))
-        .optional()?
-        .unwrap_or((0, false));
-    Ok(Completion {
-        recorded: true,
-        disabled_now,
-        consecutive_failures: failures,
-    })
 }
 
 fn attempt_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<AttemptRecord> {

@@ -57,7 +57,6 @@ pub async fn run(store: &dyn Store) {
     completion_counts_and_auto_disables(store).await;
     dead_letters_list_and_replay(store).await;
     in_flight_is_recovered(store).await;
-    complete_and_claim_hands_the_turn_on(store).await;
     pause_blocks_claims(store).await;
     prune_keeps_what_is_unfinished(store).await;
 }
@@ -339,50 +338,6 @@ async fn dead_letters_list_and_replay(store: &dyn Store) {
         3
     );
     store.remove_subscription("x1").await.unwrap();
-}
-
-async fn complete_and_claim_hands_the_turn_on(store: &dyn Store) {
-    store.upsert_subscription(sub("h1")).await.unwrap();
-    store.upsert_subscription(sub("h2")).await.unwrap();
-    store
-        .publish(event("evt-h", 100), vec!["h1".into(), "h2".into()])
-        .await
-        .unwrap();
-    let first = claim(store, "h1", 100).await;
-    let (done, next) = store
-        .complete_and_claim(
-            first.delivery_id,
-            attempt(110, "Accepted", Some(200)),
-            Next::Delivered,
-            Some(("h2".into(), 110)),
-        )
-        .await
-        .unwrap();
-    assert!(done.recorded);
-    match next {
-        Some(Claim::Claimed(c)) => assert_eq!(
-            (c.subscription_uid.as_str(), c.event_id.as_str()),
-            ("h2", "evt-h")
-        ),
-        other => panic!("expected h2's delivery, got {other:?}"),
-    }
-    // The claim half is fenced like claim_next: nothing for a removed subscription.
-    store.remove_subscription("h1").await.unwrap();
-    let (done, next) = store
-        .complete_and_claim(
-            first.delivery_id,
-            attempt(120, "Accepted", Some(200)),
-            Next::Delivered,
-            Some(("h1".into(), 120)),
-        )
-        .await
-        .unwrap();
-    assert!(!done.recorded, "completed twice");
-    assert!(
-        matches!(next, Some(Claim::Idle { next_due_ms: None })),
-        "{next:?}"
-    );
-    store.remove_subscription("h2").await.unwrap();
 }
 
 async fn in_flight_is_recovered(store: &dyn Store) {
