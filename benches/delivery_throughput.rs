@@ -7,7 +7,11 @@
 //! - end to end: 10,000 events published (each acknowledged only once durable) and
 //!   delivered; time from the first publish to the last arrival.
 //!
-//! Run: `cargo bench --bench delivery_throughput`. Target: delivery ≥ 0.5 × bare reqwest.
+//! - latency at idle: one event at a time, from the start of the publish request to its
+//!   arrival at the receiver (p50, p99), against one bare POST round trip.
+//!
+//! Run: `cargo bench --bench delivery_throughput`. Targets: delivery ≥ 0.5 × bare reqwest;
+//! latency p50 ≤ 2 ms, p99 ≤ 10 ms.
 
 #[path = "../tests/support/mod.rs"]
 mod support;
@@ -74,6 +78,49 @@ async fn publish_all(herald: &Herald, offset: usize) {
     .await;
 }
 
+const LATENCY_SAMPLES: usize = 300;
+
+fn percentile(samples: &mut [Duration], p: f64) -> Duration {
+    samples.sort();
+    samples[((samples.len() as f64 * p) as usize).min(samples.len() - 1)]
+}
+
+/// Publish → arrival, one event at a time, and the bare POST round trip for reference.
+async fn latency(herald: &Herald, receiver: &Receiver) -> (Vec<Duration>, Vec<Duration>) {
+    let client = reqwest::Client::new();
+    let mut bare = Vec::with_capacity(LATENCY_SAMPLES);
+    for _ in 0..LATENCY_SAMPLES {
+        let started = Instant::now();
+        client
+            .post(receiver.url("/reference"))
+            .body("{}")
+            .send()
+            .await
+            .unwrap();
+        bare.push(started.elapsed());
+    }
+    let url = format!("{}/v1/namespaces/{NS}/events", herald.base);
+    let mut through = Vec::with_capacity(LATENCY_SAMPLES);
+    for i in 0..LATENCY_SAMPLES {
+        let before = receiver.count();
+        let started = Instant::now();
+        let response = client
+            .post(&url)
+            .json(&json!({"id": format!("lat-{i}"), "type": "bench.0", "data": {}}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status().as_u16(), 202);
+        let hits = receiver
+            .wait_until("the event", Duration::from_secs(10), |hits| {
+                hits.len() > before
+            })
+            .await;
+        through.push(hits[before].at - started);
+    }
+    (through, bare)
+}
+
 fn rate(n: usize, took: Duration) -> f64 {
     n as f64 / took.as_secs_f64()
 }
@@ -123,10 +170,19 @@ fn main() {
             .await;
         let end_to_end = rate(EVENTS, started.elapsed());
 
+        let (mut through, mut bare_rtt) = latency(&herald, &receiver).await;
+        let (p50, p99) = (percentile(&mut through, 0.50), percentile(&mut through, 0.99));
+        let (r50, r99) = (percentile(&mut bare_rtt, 0.50), percentile(&mut bare_rtt, 0.99));
+
         println!("bare reqwest loop:        {bare:>8.0} requests/s (reference, concurrency {CONCURRENCY})");
         println!("herald delivery:          {delivery:>8.0} events/s  = {:.2} x reference", delivery / bare);
         println!("herald publish (durable): {published:>8.0} events/s  = {:.2} x reference", published / bare);
         println!("herald end to end:        {end_to_end:>8.0} events/s  = {:.2} x reference", end_to_end / bare);
+        println!(
+            "latency at idle, publish to arrival: p50 {p50:.2?} p99 {p99:.2?} (targets 2 ms, 10 ms); bare POST round trip p50 {r50:.2?} p99 {r99:.2?} = {:.1} x / {:.1} x",
+            p50.as_secs_f64() / r50.as_secs_f64(),
+            p99.as_secs_f64() / r99.as_secs_f64()
+        );
         println!("time to deliver {EVENTS} events: herald {:.2}s, bare reqwest {:.2}s", EVENTS as f64 / delivery, EVENTS as f64 / bare);
     });
 }
