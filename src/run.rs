@@ -116,7 +116,7 @@ async fn run_standalone(args: RunArgs, config_dir: PathBuf) -> anyhow::Result<()
 
     // Configuration first, so that removals made while herald was down are purged before
     // anything is dispatched; then recovery; then delivery.
-    let mut sync = crate::standalone::Sync::new(engine.clone(), config_dir.clone()).await?;
+    let mut sync = crate::standalone::FolderSync::new(engine.clone(), config_dir.clone()).await?;
     sync.apply()
         .await
         .with_context(|| format!("loading {}", config_dir.display()))?;

@@ -159,7 +159,7 @@ fn resolve_secrets(
 }
 
 /// Keeps the engine in step with the folder.
-pub struct Sync {
+pub struct FolderSync {
     engine: Arc<Engine>,
     dir: PathBuf,
     /// (namespace, name) → uid of the subscriptions the engine runs.
@@ -167,7 +167,7 @@ pub struct Sync {
     quota_namespaces: Vec<String>,
 }
 
-impl Sync {
+impl FolderSync {
     /// Starts from what the store holds, so a restart keeps each subscription's uid and its
     /// pending deliveries.
     pub async fn new(engine: Arc<Engine>, dir: PathBuf) -> anyhow::Result<Self> {
@@ -185,7 +185,8 @@ impl Sync {
         })
     }
 
-    /// Reads the folder and applies it. On error nothing changes.
+    /// Reads the folder and applies it. A folder that does not load, or holds an invalid
+    /// subscription, changes nothing.
     pub async fn apply(&mut self) -> anyhow::Result<()> {
         let manifests = load(&self.dir)?;
         let mut configs = Vec::new();
