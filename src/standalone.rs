@@ -53,6 +53,20 @@ fn manifest_files(dir: &Path) -> anyhow::Result<Vec<PathBuf>> {
     Ok(files)
 }
 
+/// The YAML parser's budget, sized for a trusted folder that may hold every subscription of
+/// a large installation in one file (its defaults stop at 1,024 documents). Nesting, anchor
+/// and alias limits keep their defaults, which is what stops YAML bombs.
+fn parse_options() -> serde_saphyr::Options {
+    let mut budget = serde_saphyr::Budget::default();
+    budget.max_documents = 10_000_000;
+    budget.max_nodes = 500_000_000;
+    budget.max_events = 1_000_000_000;
+    budget.max_total_scalar_bytes = 4 << 30;
+    let mut options = serde_saphyr::Options::default();
+    options.budget = Some(budget);
+    options
+}
+
 /// A fingerprint of the folder's manifests, to notice changes cheaply.
 pub fn fingerprint(dir: &Path) -> anyhow::Result<[u8; 32]> {
     let mut hash = Sha256::new();
@@ -69,7 +83,7 @@ pub fn load(dir: &Path) -> anyhow::Result<Manifests> {
     let mut out = Manifests::default();
     for file in manifest_files(dir)? {
         let text = std::fs::read_to_string(&file)?;
-        let docs: Vec<Value> = serde_saphyr::from_multiple(&text)
+        let docs: Vec<Value> = serde_saphyr::from_multiple_with_options(&text, parse_options())
             .map_err(|e| anyhow::anyhow!("{}: {e}", file.display()))?;
         for doc in docs.into_iter().filter(|d| !d.is_null()) {
             let kind = doc
@@ -333,6 +347,17 @@ spec:
                 .unwrap_err()
                 .contains("not found")
         );
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    #[test]
+    fn a_file_may_hold_thousands_of_manifests() {
+        let doc = "---\napiVersion: v1\nkind: Secret\nmetadata: {name: s, namespace: shop}\nstringData: {k: v}\n";
+        let text: String = (0..5000)
+            .map(|i| doc.replace("name: s,", &format!("name: s{i},")))
+            .collect();
+        let dir = folder(&[("many.yaml", &text)]);
+        assert_eq!(load(&dir).unwrap().secrets.len(), 5000);
         let _ = std::fs::remove_dir_all(dir);
     }
 
