@@ -17,7 +17,8 @@ use base64::Engine as _;
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
-use crate::api::{WebhookQuotaSpec, WebhookSubscription, WebhookSubscriptionSpec};
+use crate::api::validation::SubscriptionRules;
+use crate::api::{WebhookQuotaSpec, WebhookSubscriptionSpec};
 use crate::delivery::{Engine, SubscriptionConfig};
 
 type Key = (String, String);
@@ -81,6 +82,7 @@ pub fn fingerprint(dir: &Path) -> anyhow::Result<[u8; 32]> {
 /// and Secret are skipped with a log line.
 pub fn load(dir: &Path) -> anyhow::Result<Manifests> {
     let mut out = Manifests::default();
+    let rules = SubscriptionRules::new();
     for file in manifest_files(dir)? {
         let text = std::fs::read_to_string(&file)?;
         let docs: Vec<Value> = serde_saphyr::from_multiple_with_options(&text, parse_options())
@@ -107,9 +109,9 @@ pub fn load(dir: &Path) -> anyhow::Result<Manifests> {
                         serde_json::from_value(doc.get("spec").cloned().unwrap_or(Value::Null))
                             .map_err(|e| anyhow::anyhow!(context(&e.to_string())))?;
                     // The schema's CEL rules, as the API server would apply them.
-                    WebhookSubscription::new(&name, spec.clone())
-                        .validate_cel()
-                        .map_err(|e| anyhow::anyhow!(context(&e.to_string())))?;
+                    rules
+                        .check(&name, &spec)
+                        .map_err(|e| anyhow::anyhow!(context(&e)))?;
                     if out.subscriptions.insert(key.clone(), spec).is_some() {
                         anyhow::bail!(context("declared twice"));
                     }
@@ -178,8 +180,21 @@ pub struct FolderSync {
     dir: PathBuf,
     /// (namespace, name) → uid of the subscriptions the engine runs.
     known: HashMap<Key, String>,
+    /// What was last applied per subscription (spec and resolved secrets), so a reload only
+    /// touches what changed.
+    applied: HashMap<Key, Applied>,
     quota_namespaces: Vec<String>,
 }
+
+/// A subscription's spec and resolved secrets, as last applied.
+type Applied = (WebhookSubscriptionSpec, Result<Vec<String>, String>);
+type UpsertResult = Result<
+    Result<(Key, String, Applied), crate::delivery::engine::EngineError>,
+    tokio::task::JoinError,
+>;
+
+/// Subscriptions upserted at once; the store folds their writes into shared commits.
+const CONCURRENT_UPSERTS: usize = 256;
 
 impl FolderSync {
     /// Starts from what the store holds, so a restart keeps each subscription's uid and its
@@ -195,6 +210,7 @@ impl FolderSync {
             engine,
             dir,
             known,
+            applied: HashMap::new(),
             quota_namespaces: Vec::new(),
         })
     }
@@ -203,28 +219,50 @@ impl FolderSync {
     /// subscription, changes nothing.
     pub async fn apply(&mut self) -> anyhow::Result<()> {
         let manifests = load(&self.dir)?;
-        let mut configs = Vec::new();
-        for ((namespace, name), spec) in &manifests.subscriptions {
+        let mut changed = Vec::new();
+        for (key, spec) in &manifests.subscriptions {
+            let (namespace, name) = key;
+            let secrets = resolve_secrets(&manifests, namespace, spec);
+            if self
+                .applied
+                .get(key)
+                .is_some_and(|(s, r)| s == spec && *r == secrets)
+            {
+                continue;
+            }
             let uid = self
                 .known
-                .get(&(namespace.clone(), name.clone()))
+                .get(key)
                 .cloned()
                 .unwrap_or_else(|| uuid::Uuid::now_v7().to_string());
-            let secrets = resolve_secrets(&manifests, namespace, spec);
-            let config =
-                SubscriptionConfig::from_spec(uid, namespace.clone(), name.clone(), spec, secrets)
-                    .map_err(|e| anyhow::anyhow!("WebhookSubscription {namespace}/{name}: {e}"))?;
-            configs.push(config);
+            let config = SubscriptionConfig::from_spec(
+                uid,
+                namespace.clone(),
+                name.clone(),
+                spec,
+                secrets.clone(),
+            )
+            .map_err(|e| anyhow::anyhow!("WebhookSubscription {namespace}/{name}: {e}"))?;
+            changed.push((config, (spec.clone(), secrets)));
         }
 
-        for config in configs {
+        let mut upserts = tokio::task::JoinSet::new();
+        for (config, applied) in changed {
             if let Some(reason) = &config.not_ready {
                 tracing::warn!(namespace = %config.namespace, subscription = %config.name, reason, "subscription is not ready; its events wait");
             }
-            let key = (config.namespace.clone(), config.name.clone());
-            let uid = config.uid.clone();
-            self.engine.upsert(config).await?;
-            self.known.insert(key, uid);
+            let engine = self.engine.clone();
+            upserts.spawn(async move {
+                let key = (config.namespace.clone(), config.name.clone());
+                let uid = config.uid.clone();
+                engine.upsert(config).await.map(|_| (key, uid, applied))
+            });
+            if upserts.len() >= CONCURRENT_UPSERTS {
+                self.upserted(upserts.join_next().await)?;
+            }
+        }
+        while let Some(done) = upserts.join_next().await {
+            self.upserted(Some(done))?;
         }
         let gone: Vec<Key> = self
             .known
@@ -236,6 +274,7 @@ impl FolderSync {
             if let Some(uid) = self.known.get(&key).cloned() {
                 let purged = self.engine.remove(&uid).await?;
                 self.known.remove(&key);
+                self.applied.remove(&key);
                 tracing::info!(namespace = %key.0, subscription = %key.1, purged, "subscription removed; its pending attempts are purged");
             }
         }
@@ -255,6 +294,15 @@ impl FolderSync {
             }
         }
         self.quota_namespaces = namespaces;
+        Ok(())
+    }
+
+    /// Notes one finished upsert.
+    fn upserted(&mut self, done: Option<UpsertResult>) -> anyhow::Result<()> {
+        let Some(done) = done else { return Ok(()) };
+        let (key, uid, applied) = done??;
+        self.known.insert(key.clone(), uid);
+        self.applied.insert(key, applied);
         Ok(())
     }
 

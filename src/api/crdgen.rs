@@ -24,7 +24,7 @@ pub fn all() -> Vec<(String, CustomResourceDefinition)> {
 
 /// Kubernetes knows the integer formats int32 and int64 only; schemars also writes uint16,
 /// uint32 and uint64 (with a minimum of 0, which stays).
-fn kubernetes_formats(crd: CustomResourceDefinition) -> CustomResourceDefinition {
+pub(crate) fn kubernetes_formats(crd: CustomResourceDefinition) -> CustomResourceDefinition {
     fn visit(value: &mut serde_json::Value) {
         match value {
             serde_json::Value::Object(map) => {

@@ -6,6 +6,7 @@ pub mod crdgen;
 pub mod duration;
 pub mod quota;
 pub mod subscription;
+pub mod validation;
 
 pub use quota::{WebhookQuota, WebhookQuotaSpec, WebhookQuotaStatus};
 pub use subscription::{
