@@ -186,8 +186,25 @@ pub struct FolderSync {
     quota_namespaces: Vec<String>,
 }
 
-/// A subscription's spec and resolved secrets, as last applied.
-type Applied = (WebhookSubscriptionSpec, Result<Vec<String>, String>);
+/// A digest of a subscription's spec and resolved secrets, as last applied (a digest rather
+/// than a copy: a large folder should not be held in memory twice).
+type Applied = [u8; 32];
+
+fn digest(spec: &WebhookSubscriptionSpec, secrets: &Result<Vec<String>, String>) -> Applied {
+    let mut hash = Sha256::new();
+    hash.update(serde_json::to_vec(spec).unwrap_or_default());
+    match secrets {
+        Ok(values) => values.iter().for_each(|v| {
+            hash.update(b"\0ok\0");
+            hash.update(v.as_bytes());
+        }),
+        Err(reason) => {
+            hash.update(b"\0err\0");
+            hash.update(reason.as_bytes());
+        }
+    }
+    hash.finalize().into()
+}
 type UpsertResult = Result<
     Result<(Key, String, Applied), crate::delivery::engine::EngineError>,
     tokio::task::JoinError,
@@ -223,11 +240,8 @@ impl FolderSync {
         for (key, spec) in &manifests.subscriptions {
             let (namespace, name) = key;
             let secrets = resolve_secrets(&manifests, namespace, spec);
-            if self
-                .applied
-                .get(key)
-                .is_some_and(|(s, r)| s == spec && *r == secrets)
-            {
+            let applied = digest(spec, &secrets);
+            if self.applied.get(key) == Some(&applied) {
                 continue;
             }
             let uid = self
@@ -235,15 +249,10 @@ impl FolderSync {
                 .get(key)
                 .cloned()
                 .unwrap_or_else(|| uuid::Uuid::now_v7().to_string());
-            let config = SubscriptionConfig::from_spec(
-                uid,
-                namespace.clone(),
-                name.clone(),
-                spec,
-                secrets.clone(),
-            )
-            .map_err(|e| anyhow::anyhow!("WebhookSubscription {namespace}/{name}: {e}"))?;
-            changed.push((config, (spec.clone(), secrets)));
+            let config =
+                SubscriptionConfig::from_spec(uid, namespace.clone(), name.clone(), spec, secrets)
+                    .map_err(|e| anyhow::anyhow!("WebhookSubscription {namespace}/{name}: {e}"))?;
+            changed.push((config, applied));
         }
 
         let mut upserts = tokio::task::JoinSet::new();
