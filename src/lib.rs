@@ -4,6 +4,7 @@
 
 pub mod api;
 pub mod cli;
+pub mod controller;
 pub mod delivery;
 pub mod ingest;
 pub mod run;

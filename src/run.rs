@@ -23,9 +23,37 @@ use crate::store::sqlite::SqliteStore;
 /// Every setting of `herald run`, with its default.
 #[derive(Args, Debug)]
 pub struct RunArgs {
-    /// Run without a cluster: subscriptions, quotas and secrets come from --config.
+    /// Run without a cluster: subscriptions, quotas and secrets come from --config. Without
+    /// it herald runs as the operator: it watches WebhookSubscriptions and WebhookQuotas in
+    /// the cluster and authorizes API calls with TokenReview and SubjectAccessReview.
     #[arg(long)]
     standalone: bool,
+    /// Cluster credentials (cluster mode); without it KUBECONFIG, then the in-cluster
+    /// ServiceAccount.
+    #[arg(long, env = "HERALD_KUBECONFIG")]
+    kubeconfig: Option<PathBuf>,
+    /// Watch only this namespace (repeatable; comma-separated in the environment
+    /// variable). Default: every namespace.
+    #[arg(
+        long = "watch-namespace",
+        env = "HERALD_WATCH_NAMESPACE",
+        value_delimiter = ','
+    )]
+    watch_namespaces: Vec<String>,
+    /// Address of /healthz and /readyz (and /metrics), apart from the ingest API so that
+    /// producers never reach them. Default 0.0.0.0:9090 in cluster mode; off in standalone
+    /// mode unless given.
+    #[arg(long, env = "HERALD_METRICS_LISTEN")]
+    metrics_listen: Option<SocketAddr>,
+    /// On SIGTERM or SIGINT: stop starting attempts, and give those on the wire this many
+    /// seconds to finish before exiting (keep it below the pod's grace period).
+    #[arg(long, env = "HERALD_SHUTDOWN_TIMEOUT_SECONDS", default_value_t = 25)]
+    shutdown_timeout_seconds: u64,
+    /// Cluster mode: a subscription's status is written at most once per this many seconds
+    /// while deliveries run (an auto-disable shows within a second).
+    #[arg(long, env = "HERALD_STATUS_INTERVAL_SECONDS", default_value_t = 5,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    status_interval_seconds: u64,
     /// Folder of WebhookSubscription, WebhookQuota and Secret manifests (standalone mode).
     #[arg(long, env = "HERALD_CONFIG")]
     config: Option<PathBuf>,
@@ -67,9 +95,27 @@ pub struct RunArgs {
     /// Largest accepted event body, in bytes.
     #[arg(long, env = "HERALD_MAX_BODY_BYTES", default_value_t = ingest::DEFAULT_MAX_BODY)]
     max_body_bytes: usize,
-    /// Once serving, write the ingest API's address to this file (for scripts and tests).
+    /// Once serving, write the ingest API's address to this file (for scripts and tests);
+    /// a second line holds the address of /healthz, /readyz and /metrics when served.
     #[arg(long)]
     ready_file: Option<PathBuf>,
+}
+
+impl RunArgs {
+    fn engine(&self) -> anyhow::Result<Arc<Engine>> {
+        let store = Arc::new(SqliteStore::open(&self.data_dir)?);
+        let sender = HttpSender::new(EgressPolicy::new(self.egress_allow.clone()))?;
+        Ok(Engine::new(
+            store,
+            sender,
+            EngineConfig {
+                max_in_flight: self.max_in_flight,
+                namespace_max_in_flight: self.namespace_max_in_flight,
+                namespace_max_pending: self.namespace_max_pending,
+                history_retention: Duration::from_secs(self.history_retention_hours * 3600),
+            },
+        ))
+    }
 }
 
 fn init_logging() {
@@ -91,9 +137,7 @@ fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
 pub fn run(args: RunArgs) -> anyhow::Result<()> {
     init_logging();
     if !args.standalone {
-        anyhow::bail!(
-            "only standalone mode exists yet: run `herald run --standalone --config DIR`"
-        );
+        return runtime()?.block_on(run_cluster(args));
     }
     let config_dir = args
         .config
@@ -102,19 +146,204 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
     runtime()?.block_on(run_standalone(args, config_dir))
 }
 
-async fn run_standalone(args: RunArgs, config_dir: PathBuf) -> anyhow::Result<()> {
-    let store = Arc::new(SqliteStore::open(&args.data_dir)?);
-    let sender = HttpSender::new(EgressPolicy::new(args.egress_allow.clone()))?;
-    let engine = Engine::new(
-        store,
-        sender,
-        EngineConfig {
-            max_in_flight: args.max_in_flight,
-            namespace_max_in_flight: args.namespace_max_in_flight,
-            namespace_max_pending: args.namespace_max_pending,
-            history_retention: Duration::from_secs(args.history_retention_hours * 3600),
-        },
+/// Resolves on SIGTERM or SIGINT.
+async fn terminated() {
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        Some(()) = async { match term.as_mut() { Some(t) => t.recv().await, None => std::future::pending().await } } => {}
+    }
+}
+
+/// Ready for traffic: every condition holds.
+#[derive(Default)]
+pub struct Readiness {
+    pending: std::sync::atomic::AtomicUsize,
+    reasons: std::sync::Mutex<Vec<String>>,
+}
+
+impl Readiness {
+    fn waiting_for(&self, what: &str) {
+        self.pending
+            .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+        self.reasons
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(what.into());
+    }
+    fn done(&self) {
+        self.pending
+            .fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+    }
+    fn ready(&self) -> bool {
+        self.pending.load(std::sync::atomic::Ordering::Acquire) == 0
+    }
+}
+
+/// /healthz (the process serves) and /readyz (the store is open and, in cluster mode, the
+/// caches have their first full list).
+fn health_router(readiness: Arc<Readiness>) -> axum::Router {
+    axum::Router::new()
+        .route("/healthz", axum::routing::get(|| async { "ok" }))
+        .route(
+            "/readyz",
+            axum::routing::get(move || async move {
+                if readiness.ready() {
+                    (StatusCode::OK, "ok".to_string())
+                } else {
+                    let reasons = readiness
+                        .reasons
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .join(", ");
+                    (
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        format!("not ready: waiting for {reasons}"),
+                    )
+                }
+            }),
+        )
+}
+
+fn write_ready_file(path: &std::path::Path, lines: &[SocketAddr]) -> anyhow::Result<()> {
+    let tmp = path.with_extension("tmp");
+    let text: Vec<String> = lines.iter().map(ToString::to_string).collect();
+    std::fs::write(&tmp, text.join("\n"))?;
+    std::fs::rename(&tmp, path)?;
+    Ok(())
+}
+
+async fn kube_client(args: &RunArgs) -> anyhow::Result<kube::Client> {
+    let config = match &args.kubeconfig {
+        Some(path) => {
+            let kubeconfig = kube::config::Kubeconfig::read_from(path)
+                .with_context(|| format!("reading {}", path.display()))?;
+            kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default()).await?
+        }
+        None => kube::Config::infer().await.context(
+            "no cluster credentials: pass --kubeconfig, set KUBECONFIG, or run in a pod",
+        )?,
+    };
+    Ok(kube::Client::try_from(config)?)
+}
+
+async fn run_cluster(args: RunArgs) -> anyhow::Result<()> {
+    use crate::controller::{
+        access_review::KubeAuthorizer, reconcile::Context, status::StatusWriter, watch,
+    };
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let client = kube_client(&args).await?;
+    let engine = args.engine()?;
+    let scope = watch::Scope(args.watch_namespaces.clone());
+    let readiness = Arc::new(Readiness::default());
+    readiness.waiting_for("the subscription caches");
+    readiness.waiting_for("the quota caches");
+
+    // Health first, so a probe sees "not ready" rather than nothing while herald starts.
+    let health_address = args.metrics_listen.unwrap_or(([0, 0, 0, 0], 9090).into());
+    let health = tokio::net::TcpListener::bind(health_address)
+        .await
+        .with_context(|| format!("listening on {health_address}"))?;
+    let health_address = health.local_addr()?;
+    tokio::spawn(axum::serve(health, health_router(readiness.clone())).into_future());
+
+    // Subscriptions deleted while herald was down are purged before anything is dispatched;
+    // until the API server answers, nothing is.
+    let mut delay = Duration::from_millis(500);
+    loop {
+        match watch::purge_deleted_while_down(&client, &engine, &scope).await {
+            Ok(removed) => {
+                tracing::info!(removed, "start-up purge done");
+                break;
+            }
+            Err(e) => {
+                tracing::warn!(error = %format!("{e:#}"), "cannot list WebhookSubscriptions yet; nothing is dispatched until then");
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(Duration::from_secs(10));
+            }
+        }
+    }
+    engine.recover().await?;
+    engine.spawn();
+    tokio::spawn(log_notices(engine.clone()));
+
+    let status = StatusWriter::new(
+        client.clone(),
+        engine.clone(),
+        Duration::from_secs(args.status_interval_seconds),
     );
+    status.spawn();
+    let ctx = Arc::new(Context {
+        client: client.clone(),
+        engine: engine.clone(),
+        status,
+    });
+    let scopes = if scope.0.is_empty() { 1 } else { scope.0.len() };
+    let (subs_synced, subs_rx) = tokio::sync::mpsc::unbounded_channel();
+    let (quotas_synced, quotas_rx) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(watch::run_subscriptions(
+        ctx,
+        scope.clone(),
+        16,
+        subs_synced,
+    ));
+    tokio::spawn(watch::run_quotas(
+        client.clone(),
+        engine.clone(),
+        scope,
+        quotas_synced,
+    ));
+    // Ready once every cache (one per watched namespace) has had its first full list.
+    for mut rx in [subs_rx, quotas_rx] {
+        let readiness = readiness.clone();
+        tokio::spawn(async move {
+            for _ in 0..scopes {
+                if rx.recv().await.is_none() {
+                    return;
+                }
+            }
+            readiness.done();
+        });
+    }
+
+    let listener = tokio::net::TcpListener::bind(args.listen)
+        .await
+        .with_context(|| format!("listening on {}", args.listen))?;
+    let address = listener.local_addr()?;
+    tracing::info!(%address, health = %health_address, data_dir = %args.data_dir.display(), "herald is serving (cluster mode)");
+    if let Some(path) = &args.ready_file {
+        write_ready_file(path, &[address, health_address])?;
+    }
+    let app = ingest::router(ingest::Api {
+        engine: engine.clone(),
+        auth: Arc::new(KubeAuthorizer::new(client)),
+        max_body: args.max_body_bytes,
+    });
+    axum::serve(listener, app)
+        .with_graceful_shutdown(terminated())
+        .await?;
+    stop(&engine, args.shutdown_timeout_seconds).await;
+    Ok(())
+}
+
+/// The graceful stop after SIGTERM: no new attempt, those on the wire get the deadline.
+async fn stop(engine: &Engine, timeout_seconds: u64) {
+    tracing::info!(
+        timeout_seconds,
+        "stopping: no new attempts; waiting for those on the wire"
+    );
+    let left = engine.drain(Duration::from_secs(timeout_seconds)).await;
+    if left > 0 {
+        tracing::warn!(
+            left,
+            "attempts still on the wire at the deadline; they are made again after the next start"
+        );
+    }
+    tracing::info!("stopped");
+}
+
+async fn run_standalone(args: RunArgs, config_dir: PathBuf) -> anyhow::Result<()> {
+    let engine = args.engine()?;
 
     // Configuration first, so that removals made while herald was down are purged before
     // anything is dispatched; then recovery; then delivery.
@@ -132,21 +361,29 @@ async fn run_standalone(args: RunArgs, config_dir: PathBuf) -> anyhow::Result<()
         .with_context(|| format!("listening on {}", args.listen))?;
     let address = listener.local_addr()?;
     tracing::info!(%address, data_dir = %args.data_dir.display(), config = %config_dir.display(), "herald is serving");
-    if let Some(path) = &args.ready_file {
-        let tmp = path.with_extension("tmp");
-        std::fs::write(&tmp, address.to_string())?;
-        std::fs::rename(&tmp, path)?;
+    let readiness = Arc::new(Readiness::default());
+    let mut announced = vec![address];
+    if let Some(health_address) = args.metrics_listen {
+        let health = tokio::net::TcpListener::bind(health_address)
+            .await
+            .with_context(|| format!("listening on {health_address}"))?;
+        announced.push(health.local_addr()?);
+        tokio::spawn(axum::serve(health, health_router(readiness.clone())).into_future());
     }
+    if let Some(path) = &args.ready_file {
+        write_ready_file(path, &announced)?;
+    }
+    // Standalone keeps /healthz and /readyz on the ingest port too, where it always had them.
     let app = ingest::router(ingest::Api {
-        engine,
+        engine: engine.clone(),
         auth: Arc::new(StaticToken(args.publish_token.clone())),
         max_body: args.max_body_bytes,
-    });
+    })
+    .merge(health_router(readiness));
     axum::serve(listener, app)
-        .with_graceful_shutdown(async {
-            let _ = tokio::signal::ctrl_c().await;
-        })
+        .with_graceful_shutdown(terminated())
         .await?;
+    stop(&engine, args.shutdown_timeout_seconds).await;
     Ok(())
 }
 

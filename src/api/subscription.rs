@@ -329,6 +329,15 @@ pub struct WebhookSubscriptionStatus {
     /// disables the subscription.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub consecutive_failures: Option<u32>,
+
+    /// Dead letters kept for this subscription (given up on and not replayed yet).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dead_attempts: Option<u64>,
+
+    /// The value of the `herald.dev/reenable` annotation herald last acted on. Setting the
+    /// annotation to a different value re-enables an auto-disabled subscription.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reenable_handled: Option<String>,
 }
 
 /// One finished attempt, summarised.

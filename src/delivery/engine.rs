@@ -5,6 +5,7 @@
 
 use std::cmp::Reverse;
 use std::collections::{BTreeSet, BinaryHeap, HashMap};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -46,6 +47,12 @@ pub enum Notice {
         latency_ms: u64,
         next: &'static str,
         message: String,
+    },
+    /// An event was stored with a pending delivery for each of these subscriptions.
+    #[serde(rename_all = "camelCase")]
+    Published {
+        namespace: String,
+        subscriptions: Vec<String>,
     },
     #[serde(rename_all = "camelCase")]
     Disabled {
@@ -109,6 +116,21 @@ pub struct Engine {
     inner: Mutex<Inner>,
     wakeup: Notify,
     notices: broadcast::Sender<Notice>,
+    /// Set by [`Engine::drain`]: no new attempt starts.
+    stopping: AtomicBool,
+    /// Attempt tasks running, and a signal when one ends.
+    running: AtomicUsize,
+    finished: Notify,
+}
+
+/// Counts an attempt task for [`Engine::drain`] until it ends, however it ends.
+struct Running<'a>(&'a Engine);
+
+impl Drop for Running<'_> {
+    fn drop(&mut self) {
+        self.0.running.fetch_sub(1, Ordering::AcqRel);
+        self.0.finished.notify_waiters();
+    }
 }
 
 pub fn now_ms() -> i64 {
@@ -137,6 +159,9 @@ impl Engine {
             config,
             wakeup: Notify::new(),
             notices,
+            stopping: AtomicBool::new(false),
+            running: AtomicUsize::new(0),
+            finished: Notify::new(),
         })
     }
 
@@ -349,6 +374,12 @@ impl Engine {
             }
             drop(inner);
             self.wakeup.notify_one();
+            if self.notices.receiver_count() > 0 {
+                let _ = self.notices.send(Notice::Published {
+                    namespace: namespace.to_string(),
+                    subscriptions: result.targets.clone(),
+                });
+            }
         }
         Ok(result)
     }
@@ -443,8 +474,30 @@ impl Engine {
         tokio::spawn(async move { engine.dispatch().await })
     }
 
+    /// For a graceful stop: no attempt starts from now on; waits until those on the wire
+    /// have finished and been recorded, or `deadline` passes. Returns how many were still
+    /// running (they are recovered as due at the next start).
+    pub async fn drain(&self, deadline: Duration) -> usize {
+        self.stopping.store(true, Ordering::Release);
+        self.wakeup.notify_one();
+        let end = tokio::time::Instant::now() + deadline;
+        loop {
+            let finished = self.finished.notified();
+            let running = self.running.load(Ordering::Acquire);
+            if running == 0 {
+                return 0;
+            }
+            if tokio::time::timeout_at(end, finished).await.is_err() {
+                return self.running.load(Ordering::Acquire);
+            }
+        }
+    }
+
     async fn dispatch(self: Arc<Self>) {
         loop {
+            if self.stopping.load(Ordering::Acquire) {
+                return;
+            }
             let notified = self.wakeup.notified();
             let (starts, next_timer) = {
                 let mut inner = self.lock();
@@ -473,6 +526,7 @@ impl Engine {
                 (starts, inner.timers.peek().map(|Reverse((at, _))| *at))
             };
             for (config, epoch) in starts {
+                self.running.fetch_add(1, Ordering::AcqRel);
                 let engine = self.clone();
                 tokio::spawn(async move { engine.attempt(config, epoch).await });
             }
@@ -491,7 +545,12 @@ impl Engine {
 
     /// One slot of a lane: claim the next due delivery (the fence), send it, record it.
     async fn attempt(self: Arc<Self>, config: Arc<SubscriptionConfig>, epoch: u64) {
+        let _running = Running(&self);
         let uid = config.uid.as_str();
+        if self.stopping.load(Ordering::Acquire) {
+            self.lock().scheduler.release(uid, &config.namespace);
+            return;
+        }
         let claimed = match self.store.claim_next(uid, now_ms()).await {
             Ok(Claim::Claimed(claimed)) => claimed,
             Ok(Claim::Idle { next_due_ms }) => {

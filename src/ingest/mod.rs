@@ -114,8 +114,6 @@ pub fn router(api: Api) -> Router {
             "/v1/namespaces/{namespace}/subscriptions/{name}/enable",
             post(enable),
         )
-        .route("/healthz", get(|| async { "ok" }))
-        .route("/readyz", get(|| async { "ok" }))
         .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such route") })
         .with_state(api)
 }

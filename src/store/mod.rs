@@ -55,6 +55,8 @@ pub struct SubscriptionState {
     pub failed: u64,
     pub dead_lettered: u64,
     pub pending: u64,
+    /// Dead letters kept (not replayed).
+    pub dead: u64,
 }
 
 /// An event to store, with the body every attempt will send (built once, so retries send

@@ -222,7 +222,8 @@ fn writer(conn: Connection, mut rx: mpsc::UnboundedReceiver<Job>) {
 fn state_of(conn: &Connection, uid: &str) -> rusqlite::Result<Option<SubscriptionState>> {
     conn.query_row(
         "SELECT live, disabled, consecutive_failures, delivered, failed, dead_lettered,
-                (SELECT count(*) FROM deliveries WHERE sub_uid = ?1 AND state IN (0, 1))
+                (SELECT count(*) FROM deliveries WHERE sub_uid = ?1 AND state IN (0, 1)),
+                (SELECT count(*) FROM deliveries WHERE sub_uid = ?1 AND state = 3)
          FROM subscriptions WHERE uid = ?1",
         [uid],
         |r| {
@@ -234,6 +235,7 @@ fn state_of(conn: &Connection, uid: &str) -> rusqlite::Result<Option<Subscriptio
                 failed: count(r, 4)?,
                 dead_lettered: count(r, 5)?,
                 pending: count(r, 6)?,
+                dead: count(r, 7)?,
             })
         },
     )

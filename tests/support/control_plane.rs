@@ -114,6 +114,59 @@ impl ControlPlane {
     }
 }
 
+impl ControlPlane {
+    /// kubectl with `input` on standard input (`kubectl apply -f -`); must succeed.
+    pub fn kubectl_stdin(&self, args: &[&str], input: &str) -> String {
+        use std::io::Write;
+        let mut child = Command::new(self.bin.join("kubectl"))
+            .args(args)
+            .env("KUBECONFIG", &self.kubeconfig)
+            .env("KUBECACHEDIR", self.dir.join("kube-cache"))
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("running kubectl");
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(input.as_bytes())
+            .unwrap();
+        let out = child.wait_with_output().unwrap();
+        assert!(
+            out.status.success(),
+            "kubectl {args:?} failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap()
+    }
+
+    /// `kubectl apply` of manifests given as JSON values.
+    pub fn apply(&self, manifests: &[serde_json::Value]) -> String {
+        let list = serde_json::json!({"apiVersion": "v1", "kind": "List", "items": manifests});
+        self.kubectl_stdin(&["apply", "-f", "-"], &list.to_string())
+    }
+
+    /// The PID of a component (etcd, kube-apiserver, kube-controller-manager).
+    pub fn pid(&self, component: &str) -> u32 {
+        let pids = std::fs::read_to_string(self.dir.join("pids")).unwrap();
+        pids.lines()
+            .find_map(|l| {
+                let (name, pid) = l.split_once(' ')?;
+                (name == component).then(|| pid.trim().parse().ok())?
+            })
+            .unwrap_or_else(|| panic!("no {component} in {pids}"))
+    }
+
+    /// A token of a ServiceAccount (`kubectl create token`).
+    pub fn token(&self, namespace: &str, service_account: &str) -> String {
+        self.kubectl_ok(&["create", "token", service_account, "-n", namespace])
+            .trim()
+            .to_string()
+    }
+}
+
 impl Drop for ControlPlane {
     fn drop(&mut self) {
         let status = Command::new(repo().join("scripts/control-plane"))

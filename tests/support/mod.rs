@@ -3,4 +3,5 @@
 
 pub mod control_plane;
 pub mod herald;
+pub mod operator;
 pub mod receiver;

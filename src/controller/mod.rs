@@ -1,0 +1,33 @@
+//! Cluster mode: herald as a Kubernetes operator. A front beside `standalone.rs`, feeding
+//! the same engine calls (`upsert`, `remove`, `set_quota`, `notices`):
+//!
+//! - [`watch`]: what is watched (subscriptions, the Secrets they reference as metadata,
+//!   quotas) and the start-up purge of subscriptions deleted while herald was down;
+//! - [`reconcile`]: one subscription's reconcile and its finalizer `herald.dev/purge`;
+//! - [`conditions`]: the pure decisions (status conditions, Events, which quota is in force);
+//! - [`status`]: writing status (coalesced) and Events;
+//! - [`access_review`]: TokenReview and SubjectAccessReview behind the ingest API.
+
+pub mod access_review;
+pub mod conditions;
+pub mod reconcile;
+pub mod status;
+pub mod watch;
+
+use crate::delivery::engine::EngineError;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("Kubernetes API: {0}")]
+    Kube(#[from] kube::Error),
+    #[error(transparent)]
+    Engine(#[from] EngineError),
+    #[error("store: {0}")]
+    Store(#[from] crate::store::Error),
+    #[error("finalizer: {0}")]
+    Finalizer(#[source] Box<kube::runtime::finalizer::Error<Error>>),
+    #[error("{0}")]
+    Invalid(&'static str),
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -1,0 +1,237 @@
+//! Reconciling one `WebhookSubscription`: read its secrets, hand the engine what it should
+//! run, act on a re-enable request, then let the status writer show the result. Deletion
+//! goes through kube-runtime's finalizer helper: the engine's purge-and-fence runs before
+//! the finalizer `herald.dev/purge` comes off, so the object cannot vanish while attempts for
+//! it could still start.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Secret;
+use kube::api::Api;
+use kube::runtime::controller::Action;
+use kube::runtime::finalizer::{Event as Finalizer, finalizer};
+use kube::{Resource, ResourceExt};
+use sha2::{Digest, Sha256};
+
+use super::conditions::{Announcement, Problem, REENABLE_ANNOTATION, reenable_requested};
+use super::status::{Entry, StatusWriter};
+use super::{Error, Result};
+use crate::api::{WebhookSubscription, WebhookSubscriptionSpec};
+use crate::delivery::{Engine, SubscriptionConfig};
+
+/// The finalizer that holds a subscription until its pending attempts are purged.
+pub const FINALIZER: &str = "herald.dev/purge";
+
+/// Secrets are watched, so this is only a safety net for a missed watch event.
+const RESYNC: Duration = Duration::from_secs(3600);
+
+pub struct Context {
+    pub client: kube::Client,
+    pub engine: Arc<Engine>,
+    pub status: Arc<StatusWriter>,
+}
+
+pub async fn reconcile(obj: Arc<WebhookSubscription>, ctx: Arc<Context>) -> Result<Action> {
+    let namespace = obj
+        .namespace()
+        .ok_or(Error::Invalid("object without namespace"))?;
+    let api: Api<WebhookSubscription> = Api::namespaced(ctx.client.clone(), &namespace);
+    finalizer(&api, FINALIZER, obj, |event| async {
+        match event {
+            Finalizer::Apply(obj) => apply(&obj, &ctx).await,
+            Finalizer::Cleanup(obj) => cleanup(&obj, &ctx).await,
+        }
+    })
+    .await
+    .map_err(|e| Error::Finalizer(Box::new(e)))
+}
+
+pub fn error_policy(obj: Arc<WebhookSubscription>, error: &Error, _: Arc<Context>) -> Action {
+    tracing::warn!(namespace = ?obj.namespace(), subscription = %obj.name_any(), error = %error, "reconcile failed; retrying in 5s");
+    Action::requeue(Duration::from_secs(5))
+}
+
+async fn apply(obj: &WebhookSubscription, ctx: &Context) -> Result<Action> {
+    let uid = obj.uid().ok_or(Error::Invalid("object without uid"))?;
+    let namespace = obj.namespace().unwrap_or_default();
+    let name = obj.name_any();
+    let known = ctx.status.entry(&uid);
+
+    let secrets = resolve_secrets(&ctx.client, &namespace, &obj.spec).await?;
+    let digest = digest(&obj.spec, &secrets);
+    let (config, mut problem) = match SubscriptionConfig::from_spec(
+        uid.clone(),
+        namespace.clone(),
+        name.clone(),
+        &obj.spec,
+        secrets.clone().map_err(|p| format!("{p:?}")),
+    ) {
+        Ok(config) => {
+            let problem = match (&secrets, &config.not_ready) {
+                (Err(p), _) => Some(p.clone()),
+                (Ok(_), Some(why)) => Some(Problem::InvalidSecret(
+                    why.trim_start_matches("signing secret unusable: ")
+                        .to_string(),
+                )),
+                (Ok(_), None) => None,
+            };
+            (Some(config), problem)
+        }
+        Err(why) => (None, Some(Problem::InvalidSpec(why))),
+    };
+    let mut applied = known.as_ref().and_then(|k| k.applied);
+    if let Some(config) = config
+        && applied != Some(digest)
+    {
+        let state = ctx.engine.upsert(config).await?;
+        if !state.live {
+            // The store tombstoned this uid: it was deleted. Nothing to run.
+            problem = Some(Problem::InvalidSpec(
+                "this subscription was deleted; its object is going away".into(),
+            ));
+        }
+        applied = Some(digest);
+    }
+
+    let handled = known
+        .as_ref()
+        .and_then(|k| k.reenable_handled.clone())
+        .or_else(|| obj.status.as_ref().and_then(|s| s.reenable_handled.clone()));
+    let annotation = obj
+        .annotations()
+        .get(REENABLE_ANNOTATION)
+        .map(String::as_str);
+    let mut reenabled = false;
+    let handled = match reenable_requested(annotation, handled.as_deref()) {
+        Some(value) => {
+            let was_disabled = ctx
+                .engine
+                .store()
+                .subscription_state(&uid)
+                .await?
+                .is_some_and(|s| s.disabled);
+            if was_disabled {
+                ctx.engine.enable(&namespace, &name).await?;
+                reenabled = true;
+            }
+            Some(value.to_string())
+        }
+        None => handled,
+    };
+
+    ctx.status.observe(
+        Entry {
+            uid: uid.clone(),
+            namespace: namespace.clone(),
+            name: name.clone(),
+            generation: obj.meta().generation,
+            url: obj.spec.url.clone(),
+            paused: obj.spec.paused,
+            disable_after: obj.spec.disable_after_consecutive_failures,
+            problem,
+            reenable_handled: handled.clone(),
+            applied,
+            ..Default::default()
+        },
+        obj.status.as_ref(),
+    );
+    if reenabled {
+        ctx.status
+            .announce(
+                &namespace,
+                &name,
+                &uid,
+                Announcement {
+                    warning: false,
+                    reason: "Reenabled",
+                    note: format!(
+                        "re-enabled by the {REENABLE_ANNOTATION} annotation ({}); attempts start again",
+                        handled.unwrap_or_default()
+                    ),
+                },
+            )
+            .await;
+    }
+    ctx.status.write(&uid).await?;
+    Ok(Action::requeue(RESYNC))
+}
+
+async fn cleanup(obj: &WebhookSubscription, ctx: &Context) -> Result<Action> {
+    let uid = obj.uid().ok_or(Error::Invalid("object without uid"))?;
+    let namespace = obj.namespace().unwrap_or_default();
+    let name = obj.name_any();
+    let purged = ctx.engine.remove(&uid).await?;
+    tracing::info!(namespace = %namespace, subscription = %name, purged, "subscription deleted; its pending attempts are purged");
+    ctx.status
+        .announce(
+            &namespace,
+            &name,
+            &uid,
+            Announcement {
+                warning: false,
+                reason: "Purged",
+                note: format!(
+                    "purged {purged} pending attempts; no attempt for this subscription starts again"
+                ),
+            },
+        )
+        .await;
+    ctx.status.forget(&uid);
+    Ok(Action::await_change())
+}
+
+/// The subscription's secret values, current first, or the problem that stops them being
+/// read. An API error (the API server is away) is an error of the reconcile, retried; it
+/// never becomes a status.
+async fn resolve_secrets(
+    client: &kube::Client,
+    namespace: &str,
+    spec: &WebhookSubscriptionSpec,
+) -> Result<std::result::Result<Vec<String>, Problem>> {
+    let api: Api<Secret> = Api::namespaced(client.clone(), namespace);
+    let mut values = Vec::new();
+    for reference in
+        std::iter::once(&spec.signing.secret_ref).chain(&spec.signing.additional_secret_refs)
+    {
+        let Some(secret) = api.get_opt(&reference.name).await? else {
+            return Ok(Err(Problem::SecretNotFound(reference.name.clone())));
+        };
+        let Some(bytes) = secret.data.as_ref().and_then(|d| d.get(&reference.key)) else {
+            return Ok(Err(Problem::SecretKeyMissing(
+                reference.name.clone(),
+                reference.key.clone(),
+            )));
+        };
+        match String::from_utf8(bytes.0.clone()) {
+            Ok(value) => values.push(value),
+            Err(_) => {
+                return Ok(Err(Problem::InvalidSecret(format!(
+                    "key {:?} of Secret {namespace}/{} is not UTF-8 text",
+                    reference.key, reference.name
+                ))));
+            }
+        }
+    }
+    Ok(Ok(values))
+}
+
+/// A digest of what the engine would run: spec and secret values (kept as a digest only).
+fn digest(
+    spec: &WebhookSubscriptionSpec,
+    secrets: &std::result::Result<Vec<String>, Problem>,
+) -> [u8; 32] {
+    let mut hash = Sha256::new();
+    hash.update(serde_json::to_vec(spec).unwrap_or_default());
+    match secrets {
+        Ok(values) => values.iter().for_each(|v| {
+            hash.update(b"\0ok\0");
+            hash.update(v.as_bytes());
+        }),
+        Err(problem) => {
+            hash.update(b"\0err\0");
+            hash.update(format!("{problem:?}").as_bytes());
+        }
+    }
+    hash.finalize().into()
+}

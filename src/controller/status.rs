@@ -1,0 +1,406 @@
+//! Writing what herald observed: status (server-side apply on the status subresource, field
+//! manager `herald`) and Kubernetes Events. Delivery activity never writes status directly:
+//! attempts only mark a subscription dirty, and the flusher writes a dirty subscription at
+//! most once per `--status-interval` (an auto-disable within a second). So under any load a
+//! subscription costs at most one status write per interval, plus one per reconcile whose
+//! outcome changes the status.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::ObjectReference;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, Patch, PatchParams};
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use serde_json::json;
+
+use super::conditions::{Announcement, Facts, Problem, subscription_status};
+use crate::api::{LastAttempt, WebhookQuota, WebhookSubscription, WebhookSubscriptionStatus};
+use crate::delivery::{Engine, Notice};
+
+/// The field manager of every write herald makes.
+pub const FIELD_MANAGER: &str = "herald";
+
+/// What herald keeps per subscription between reconciles: what the status is computed from,
+/// and what was last written. Small and fixed in size; the spec itself is not kept.
+#[derive(Clone, Debug, Default)]
+pub struct Entry {
+    pub uid: String,
+    pub namespace: String,
+    pub name: String,
+    pub generation: Option<i64>,
+    pub url: String,
+    pub paused: bool,
+    pub disable_after: u32,
+    pub problem: Option<Problem>,
+    pub reenable_handled: Option<String>,
+    /// A digest of the spec and secrets the engine runs, to skip unchanged upserts.
+    pub applied: Option<[u8; 32]>,
+    pub(super) last_attempt: Option<LastAttempt>,
+    pub(super) written: Option<WebhookSubscriptionStatus>,
+    pub(super) written_at: Option<Instant>,
+    pub(super) dirty: bool,
+    pub(super) urgent: bool,
+}
+
+#[derive(Default)]
+struct Book {
+    entries: HashMap<String, Entry>,
+    by_name: HashMap<(String, String), String>,
+}
+
+pub struct StatusWriter {
+    client: kube::Client,
+    engine: Arc<Engine>,
+    recorder: Recorder,
+    interval: Duration,
+    book: Mutex<Book>,
+    writes: AtomicU64,
+}
+
+fn reference(namespace: &str, name: &str, uid: &str) -> ObjectReference {
+    ObjectReference {
+        api_version: Some(format!("{}/{}", crate::api::GROUP, crate::api::VERSION)),
+        kind: Some("WebhookSubscription".into()),
+        namespace: Some(namespace.into()),
+        name: Some(name.into()),
+        uid: Some(uid.into()),
+        ..Default::default()
+    }
+}
+
+impl StatusWriter {
+    pub fn new(client: kube::Client, engine: Arc<Engine>, interval: Duration) -> Arc<Self> {
+        let reporter = Reporter {
+            controller: "herald".into(),
+            instance: std::env::var("POD_NAME").ok(),
+        };
+        Arc::new(Self {
+            recorder: Recorder::new(client.clone(), reporter),
+            client,
+            engine,
+            interval,
+            book: Mutex::new(Book::default()),
+            writes: AtomicU64::new(0),
+        })
+    }
+
+    fn book(&self) -> MutexGuard<'_, Book> {
+        self.book.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Status writes made so far (for logs and metrics).
+    pub fn writes(&self) -> u64 {
+        self.writes.load(Ordering::Relaxed)
+    }
+
+    /// What was known of the subscription before this reconcile (None the first time).
+    pub fn entry(&self, uid: &str) -> Option<Entry> {
+        self.book().entries.get(uid).cloned()
+    }
+
+    /// Records a reconcile's findings. `current` is the status the object carries, used
+    /// as the starting point the first time herald sees it (for example after a restart).
+    pub fn observe(&self, entry: Entry, current: Option<&WebhookSubscriptionStatus>) {
+        let mut book = self.book();
+        let key = (entry.namespace.clone(), entry.name.clone());
+        let uid = entry.uid.clone();
+        let merged = match book.entries.remove(&uid) {
+            Some(old) => Entry {
+                last_attempt: old.last_attempt,
+                written: old.written,
+                written_at: old.written_at,
+                ..entry
+            },
+            None => Entry {
+                last_attempt: current.and_then(|s| s.last_attempt.clone()),
+                written: current.cloned(),
+                ..entry
+            },
+        };
+        if let Some(previous) = book.by_name.insert(key, uid.clone())
+            && previous != uid
+        {
+            // Same name, new object: the old one is gone.
+            book.entries.remove(&previous);
+        }
+        book.entries.insert(uid, merged);
+    }
+
+    /// Stops tracking a subscription (its object is gone).
+    pub fn forget(&self, uid: &str) {
+        let mut book = self.book();
+        if let Some(entry) = book.entries.remove(uid) {
+            let key = (entry.namespace, entry.name);
+            if book.by_name.get(&key).is_some_and(|u| u == uid) {
+                book.by_name.remove(&key);
+            }
+        }
+    }
+
+    /// Computes the subscription's status from what is known now and writes it if it
+    /// changed; then records the Events the change deserves.
+    pub async fn write(&self, uid: &str) -> Result<(), kube::Error> {
+        let Some(entry) = self.entry(uid) else {
+            return Ok(());
+        };
+        // Clear the flag before reading the store, so activity meanwhile marks it again.
+        if let Some(e) = self.book().entries.get_mut(uid) {
+            e.dirty = false;
+            e.urgent = false;
+        }
+        let state = match self.engine.store().subscription_state(uid).await {
+            Ok(state) => state,
+            Err(e) => {
+                tracing::warn!(error = %e, namespace = %entry.namespace, subscription = %entry.name, "cannot read the store for status; keeping the counters");
+                None
+            }
+        };
+        let facts = Facts {
+            namespace: &entry.namespace,
+            name: &entry.name,
+            generation: entry.generation,
+            url: &entry.url,
+            paused: entry.paused,
+            disable_after: entry.disable_after,
+            problem: entry.problem.as_ref(),
+            state: state.as_ref(),
+            last_attempt: entry.last_attempt.as_ref(),
+            reenable_handled: entry.reenable_handled.as_deref(),
+        };
+        let (status, announcements) =
+            subscription_status(&facts, entry.written.as_ref(), Timestamp::now());
+        if entry.written.as_ref() == Some(&status) {
+            return Ok(());
+        }
+        let api: Api<WebhookSubscription> = Api::namespaced(self.client.clone(), &entry.namespace);
+        let patch = json!({
+            "apiVersion": format!("{}/{}", crate::api::GROUP, crate::api::VERSION),
+            "kind": "WebhookSubscription",
+            // The uid makes the write conditional: a new object of the same name is not
+            // given the old one's status.
+            "metadata": {"name": entry.name, "uid": entry.uid},
+            "status": status,
+        });
+        let params = PatchParams::apply(FIELD_MANAGER).force();
+        match api
+            .patch_status(&entry.name, &params, &Patch::Apply(&patch))
+            .await
+        {
+            Ok(_) => {}
+            Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => {
+                tracing::debug!(namespace = %entry.namespace, subscription = %entry.name, "object gone or replaced; its status is not written");
+                self.forget(uid);
+                return Ok(());
+            }
+            Err(e) => {
+                self.mark(uid, |e| e.dirty = true);
+                return Err(e);
+            }
+        }
+        self.writes.fetch_add(1, Ordering::Relaxed);
+        self.mark(uid, |e| {
+            e.written = Some(status.clone());
+            e.written_at = Some(Instant::now());
+        });
+        for announcement in announcements {
+            self.announce(&entry.namespace, &entry.name, uid, announcement)
+                .await;
+        }
+        Ok(())
+    }
+
+    fn mark(&self, uid: &str, f: impl FnOnce(&mut Entry)) {
+        if let Some(entry) = self.book().entries.get_mut(uid) {
+            f(entry);
+        }
+    }
+
+    /// Records a Kubernetes Event on the subscription. Failing to record one (the namespace
+    /// is being deleted, the API server is away) is logged and never blocks anything.
+    pub async fn announce(&self, namespace: &str, name: &str, uid: &str, what: Announcement) {
+        tracing::info!(namespace, subscription = name, reason = what.reason, note = %what.note, "event");
+        let event = Event {
+            type_: if what.warning {
+                EventType::Warning
+            } else {
+                EventType::Normal
+            },
+            reason: what.reason.into(),
+            note: Some(what.note.chars().take(1000).collect()),
+            action: "Reconcile".into(),
+            secondary: None,
+        };
+        if let Err(e) = self
+            .recorder
+            .publish(&event, &reference(namespace, name, uid))
+            .await
+        {
+            tracing::debug!(error = %e, namespace, subscription = name, "could not record an Event");
+        }
+    }
+
+    /// Turns delivery notices into dirty marks, and writes what is due, until the process
+    /// ends.
+    pub fn spawn(self: &Arc<Self>) {
+        let marker = self.clone();
+        tokio::spawn(async move { marker.follow_notices().await });
+        let flusher = self.clone();
+        tokio::spawn(async move { flusher.flush_loop().await });
+    }
+
+    async fn follow_notices(&self) {
+        let mut notices = self.engine.notices();
+        loop {
+            match notices.recv().await {
+                Ok(Notice::Attempt {
+                    namespace,
+                    name,
+                    outcome,
+                    status_code,
+                    latency_ms,
+                    message,
+                    ..
+                }) => {
+                    let mut book = self.book();
+                    let Some(uid) = book.by_name.get(&(namespace, name)).cloned() else {
+                        continue;
+                    };
+                    if let Some(entry) = book.entries.get_mut(&uid) {
+                        entry.last_attempt = Some(LastAttempt {
+                            time: Time(
+                                Timestamp::from_second(Timestamp::now().as_second())
+                                    .unwrap_or_else(|_| Timestamp::now()),
+                            ),
+                            outcome: outcome.as_str().into(),
+                            status_code,
+                            latency_ms: Some(latency_ms),
+                            message: (!message.is_empty()).then_some(message),
+                        });
+                        entry.dirty = true;
+                    }
+                }
+                Ok(Notice::Published { subscriptions, .. }) => {
+                    let mut book = self.book();
+                    for uid in subscriptions {
+                        if let Some(entry) = book.entries.get_mut(&uid) {
+                            entry.dirty = true;
+                        }
+                    }
+                }
+                Ok(Notice::Disabled {
+                    namespace, name, ..
+                }) => {
+                    let mut book = self.book();
+                    if let Some(uid) = book.by_name.get(&(namespace, name)).cloned()
+                        && let Some(entry) = book.entries.get_mut(&uid)
+                    {
+                        entry.dirty = true;
+                        entry.urgent = true;
+                    }
+                }
+                Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {
+                    // Notices were missed: every subscription may have changed.
+                    self.book()
+                        .entries
+                        .values_mut()
+                        .for_each(|e| e.dirty = true);
+                }
+                Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
+            }
+        }
+    }
+
+    async fn flush_loop(&self) {
+        let mut tick = tokio::time::interval(Duration::from_secs(1));
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            let now = Instant::now();
+            let due: Vec<String> = self
+                .book()
+                .entries
+                .values()
+                .filter(|e| {
+                    e.dirty
+                        && (e.urgent
+                            || e.written_at
+                                .is_none_or(|at| now.duration_since(at) >= self.interval))
+                })
+                .map(|e| e.uid.clone())
+                .collect();
+            for chunk in due.chunks(16) {
+                let writes = chunk.iter().map(|uid| self.write(uid));
+                for result in futures::future::join_all(writes).await {
+                    if let Err(e) = result {
+                        tracing::debug!(error = %e, "status write failed; retrying later");
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Writes a WebhookQuota's status when it differs from what the object shows.
+pub async fn write_quota_status(
+    client: &kube::Client,
+    quota: &WebhookQuota,
+    in_force: bool,
+    winner: &str,
+) -> Result<(), kube::Error> {
+    use crate::api::conditions::{self, Status, types};
+    let Some(namespace) = quota.metadata.namespace.as_deref() else {
+        return Ok(());
+    };
+    let name = quota.metadata.name.clone().unwrap_or_default();
+    let current = quota.status.clone().unwrap_or_default();
+    let mut status = current.clone();
+    let generation = quota.metadata.generation;
+    if in_force {
+        conditions::set(
+            &mut status.conditions,
+            types::READY,
+            Status::True,
+            "InForce",
+            format!(
+                "limits the namespace to {} attempts in flight and {} pending",
+                quota.spec.max_in_flight, quota.spec.max_pending_attempts
+            ),
+            generation,
+            Timestamp::now(),
+        );
+    } else {
+        conditions::set(
+            &mut status.conditions,
+            types::READY,
+            Status::False,
+            "Superseded",
+            format!(
+                "WebhookQuota {winner} is older and in force; only one quota per namespace applies. Delete this one or {winner}."
+            ),
+            generation,
+            Timestamp::now(),
+        );
+    }
+    status.observed_generation = generation;
+    if status == current {
+        return Ok(());
+    }
+    let api: Api<WebhookQuota> = Api::namespaced(client.clone(), namespace);
+    let patch = json!({
+        "apiVersion": format!("{}/{}", crate::api::GROUP, crate::api::VERSION),
+        "kind": "WebhookQuota",
+        "metadata": {"name": name, "uid": quota.metadata.uid},
+        "status": status,
+    });
+    api.patch_status(
+        &name,
+        &PatchParams::apply(FIELD_MANAGER).force(),
+        &Patch::Apply(&patch),
+    )
+    .await?;
+    Ok(())
+}

@@ -1,0 +1,221 @@
+//! herald in cluster mode as a real process, against a [`ControlPlane`]: started with the
+//! control plane's kubeconfig, an ingest API and a health port on free loopback ports, a
+//! data folder of its own. It can be SIGKILLed and started again on the same folder.
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+use super::control_plane::ControlPlane;
+
+pub struct Operator {
+    child: Option<Child>,
+    pub dir: PathBuf,
+    kubeconfig: PathBuf,
+    args: Vec<String>,
+    /// The ingest API, http://127.0.0.1:PORT.
+    pub base: String,
+    /// /healthz and /readyz, http://127.0.0.1:PORT.
+    pub health: String,
+    http: reqwest::Client,
+}
+
+static SEQ: AtomicU32 = AtomicU32::new(0);
+
+impl Operator {
+    /// Starts herald in cluster mode and waits until /readyz says ok. `args` are extra
+    /// `herald run` flags.
+    pub async fn start(cp: &ControlPlane, args: &[&str]) -> Self {
+        let dir = std::env::temp_dir().join(format!(
+            "herald-op-{}-{}",
+            std::process::id(),
+            SEQ.fetch_add(1, Ordering::Relaxed)
+        ));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let mut operator = Self {
+            child: None,
+            dir,
+            kubeconfig: cp.kubeconfig.clone(),
+            args: args.iter().map(|s| s.to_string()).collect(),
+            base: String::new(),
+            health: String::new(),
+            http: reqwest::Client::new(),
+        };
+        operator.spawn().await;
+        operator
+    }
+
+    async fn spawn(&mut self) {
+        let ready = self.dir.join("ready");
+        let _ = std::fs::remove_file(&ready);
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.join("herald.log"))
+            .unwrap();
+        let mut command = Command::new(env!("CARGO_BIN_EXE_herald"));
+        for (key, _) in std::env::vars().filter(|(k, _)| k.starts_with("HERALD_")) {
+            command.env_remove(key);
+        }
+        let child = command
+            .arg("run")
+            .arg("--kubeconfig")
+            .arg(&self.kubeconfig)
+            .arg("--data-dir")
+            .arg(self.dir.join("data"))
+            .arg("--listen")
+            .arg("127.0.0.1:0")
+            .arg("--metrics-listen")
+            .arg("127.0.0.1:0")
+            .arg("--egress-allow")
+            .arg("127.0.0.0/8")
+            .arg("--ready-file")
+            .arg(&ready)
+            .args(&self.args)
+            .env_remove("KUBECONFIG")
+            .env("RUST_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        self.child = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(90);
+        loop {
+            if let Ok(text) = std::fs::read_to_string(&ready) {
+                let mut lines = text.lines();
+                self.base = format!("http://{}", lines.next().unwrap());
+                self.health = format!("http://{}", lines.next().unwrap());
+                break;
+            }
+            self.check_alive();
+            assert!(
+                Instant::now() < deadline,
+                "herald did not serve in 90s:\n{}",
+                self.log()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        loop {
+            if let Ok(r) = self
+                .http
+                .get(format!("{}/readyz", self.health))
+                .send()
+                .await
+                && r.status().as_u16() == 200
+            {
+                return;
+            }
+            self.check_alive();
+            assert!(
+                Instant::now() < deadline,
+                "herald not ready in 90s:\n{}",
+                self.log()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    fn check_alive(&mut self) {
+        if let Some(status) = self.child.as_mut().unwrap().try_wait().unwrap() {
+            panic!("herald exited with {status}:\n{}", self.log());
+        }
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.join("herald.log")).unwrap_or_default()
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().map(Child::id).unwrap_or_default()
+    }
+
+    /// SIGKILL, as a crash would.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Starts again on the same data folder.
+    pub async fn restart(&mut self) {
+        self.kill();
+        self.spawn().await;
+    }
+
+    /// SIGTERM, then waits for the exit; returns the exit code.
+    pub fn terminate(&mut self, deadline: Duration) -> Option<i32> {
+        let mut child = self.child.take()?;
+        let _ = Command::new("kill")
+            .arg("-TERM")
+            .arg(child.id().to_string())
+            .status();
+        let end = Instant::now() + deadline;
+        loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                return status.code();
+            }
+            if Instant::now() > end {
+                let _ = child.kill();
+                let _ = child.wait();
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// A request to the ingest API with an optional bearer token; (status, JSON body).
+    pub async fn call(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        token: Option<&str>,
+        body: Option<Value>,
+    ) -> (u16, Value) {
+        let mut request = self.http.request(method, format!("{}{path}", self.base));
+        if let Some(token) = token {
+            request = request.bearer_auth(token);
+        }
+        if let Some(body) = body {
+            request = request.json(&body);
+        }
+        let response = request.send().await.unwrap();
+        let status = response.status().as_u16();
+        let text = response.text().await.unwrap_or_default();
+        (
+            status,
+            serde_json::from_str(&text).unwrap_or(Value::String(text)),
+        )
+    }
+
+    /// Publishes an event; asserts 202.
+    pub async fn publish(&self, namespace: &str, token: &str, event: Value) -> Value {
+        let (status, body) = self
+            .call(
+                reqwest::Method::POST,
+                &format!("/v1/namespaces/{namespace}/events"),
+                Some(token),
+                Some(event),
+            )
+            .await;
+        assert_eq!(status, 202, "publish answered {status} {body}");
+        body
+    }
+}
+
+impl Drop for Operator {
+    fn drop(&mut self) {
+        self.kill();
+        if !std::thread::panicking() {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        } else {
+            eprintln!("herald's log ({}):\n{}", self.dir.display(), self.log());
+        }
+    }
+}
