@@ -23,12 +23,23 @@ fn samples_deserialize_into_herald_types() {
                         quota.spec.max_in_flight >= herald::api::quota::MIN_NAMESPACE_IN_FLIGHT
                     );
                 }
-                "Secret" => {}
+                // The producer's grant (config/samples/publisher.yaml).
+                "Secret" | "ServiceAccount" | "Role" | "RoleBinding" => {}
                 other => panic!("{}: unexpected kind {other}", path.display()),
             }
             kinds.push(kind);
         }
     }
     kinds.sort();
-    assert_eq!(kinds, ["Secret", "WebhookQuota", "WebhookSubscription"]);
+    assert_eq!(
+        kinds,
+        [
+            "Role",
+            "RoleBinding",
+            "Secret",
+            "ServiceAccount",
+            "WebhookQuota",
+            "WebhookSubscription"
+        ]
+    );
 }
