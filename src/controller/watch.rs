@@ -89,9 +89,6 @@ pub async fn purge_deleted_while_down(
     // Objects still held by the finalizer: purged now, the finalizer comes off when the
     // controller reconciles them.
     for uid in deleting {
-        if present.contains(&uid) {
-            continue;
-        }
         engine.remove(&uid).await?;
     }
     Ok(removed)

@@ -194,18 +194,41 @@ impl Operator {
         )
     }
 
-    /// Publishes an event; asserts 202.
+    /// A call that must answer `expected`. A grant made just before may take a moment to
+    /// reach the API server's authorizer (and herald caches a refusal for 2 s), so a 403 is
+    /// retried for up to 15 s when something else is expected.
+    pub async fn expect(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        token: Option<&str>,
+        body: Option<Value>,
+        expected: u16,
+    ) -> Value {
+        let end = Instant::now() + Duration::from_secs(15);
+        loop {
+            let (status, answer) = self.call(method.clone(), path, token, body.clone()).await;
+            if status == expected {
+                return answer;
+            }
+            assert!(
+                status == 403 && expected != 403 && Instant::now() < end,
+                "{method} {path} answered {status} {answer}, not {expected}"
+            );
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+    }
+
+    /// Publishes an event; asserts 202 (see [`Operator::expect`]).
     pub async fn publish(&self, namespace: &str, token: &str, event: Value) -> Value {
-        let (status, body) = self
-            .call(
-                reqwest::Method::POST,
-                &format!("/v1/namespaces/{namespace}/events"),
-                Some(token),
-                Some(event),
-            )
-            .await;
-        assert_eq!(status, 202, "publish answered {status} {body}");
-        body
+        self.expect(
+            reqwest::Method::POST,
+            &format!("/v1/namespaces/{namespace}/events"),
+            Some(token),
+            Some(event),
+            202,
+        )
+        .await
     }
 }
 
