@@ -7,7 +7,7 @@ pub mod auth;
 use std::sync::Arc;
 
 use axum::body::Body;
-use axum::extract::{Path, Query, State};
+use axum::extract::{FromRequestParts, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -91,6 +91,48 @@ impl From<EngineError> for ApiError {
 
 type ApiResult<T> = Result<T, ApiError>;
 
+/// axum's `Path`, with a JSON error instead of the framework's plain-text one.
+struct Path<T>(T);
+
+impl<T, S> FromRequestParts<S> for Path<T>
+where
+    T: serde::de::DeserializeOwned + Send,
+    S: Send + Sync,
+{
+    type Rejection = ApiError;
+
+    async fn from_request_parts(
+        parts: &mut axum::http::request::Parts,
+        state: &S,
+    ) -> Result<Self, Self::Rejection> {
+        axum::extract::Path::<T>::from_request_parts(parts, state)
+            .await
+            .map(|axum::extract::Path(value)| Path(value))
+            .map_err(|e| bad_request("invalid_path", e.body_text()))
+    }
+}
+
+/// axum's `Query`, with a JSON error instead of the framework's plain-text one.
+struct Query<T>(T);
+
+impl<T, S> FromRequestParts<S> for Query<T>
+where
+    T: serde::de::DeserializeOwned + Send,
+    S: Send + Sync,
+{
+    type Rejection = ApiError;
+
+    async fn from_request_parts(
+        parts: &mut axum::http::request::Parts,
+        state: &S,
+    ) -> Result<Self, Self::Rejection> {
+        axum::extract::Query::<T>::from_request_parts(parts, state)
+            .await
+            .map(|axum::extract::Query(value)| Query(value))
+            .map_err(|e| bad_request("invalid_query", e.body_text()))
+    }
+}
+
 pub fn router(api: Api) -> Router {
     Router::new()
         .route("/v1/namespaces/{namespace}/events", post(publish))
@@ -115,6 +157,13 @@ pub fn router(api: Api) -> Router {
             post(enable),
         )
         .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such route") })
+        .method_not_allowed_fallback(|| async {
+            ApiError::new(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "method_not_allowed",
+                "this route does not take that method",
+            )
+        })
         .with_state(api)
 }
 
@@ -417,6 +466,59 @@ mod tests {
         }
         async fn prune(&self, _: i64) -> crate::store::Result<u64> {
             down()
+        }
+    }
+
+    async fn serve_broken() -> std::net::SocketAddr {
+        let engine = Engine::new(
+            Arc::new(BrokenStore),
+            HttpSender::new(EgressPolicy::default()).unwrap(),
+            EngineConfig {
+                max_in_flight: 16,
+                namespace_max_in_flight: 16,
+                namespace_max_pending: 100,
+                history_retention: std::time::Duration::from_secs(60),
+            },
+        );
+        let app = router(Api {
+            engine,
+            auth: Arc::new(auth::StaticToken(None)),
+            max_body: DEFAULT_MAX_BODY,
+        });
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap();
+        tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+        address
+    }
+
+    #[tokio::test]
+    async fn framework_errors_are_json_too() {
+        let address = serve_broken().await;
+        let client = reqwest::Client::new();
+        for (method, path, status, code) in [
+            ("GET", "/v1/namespaces/ns/events", 405, "method_not_allowed"),
+            (
+                "GET",
+                "/v1/namespaces/ns/subscriptions/s/attempts?limit=many",
+                400,
+                "invalid_query",
+            ),
+            (
+                "GET",
+                "/v1/namespaces/ns/subscriptions/%FF/attempts",
+                400,
+                "invalid_path",
+            ),
+            ("GET", "/elsewhere", 404, "not_found"),
+        ] {
+            let response = client
+                .request(method.parse().unwrap(), format!("http://{address}{path}"))
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(response.status().as_u16(), status, "{method} {path}");
+            let body: serde_json::Value = response.json().await.unwrap();
+            assert_eq!(body["error"]["code"], code, "{method} {path}: {body}");
         }
     }
 
