@@ -155,28 +155,21 @@ async fn terminated() {
     }
 }
 
-/// Ready for traffic: every condition holds.
+/// Ready for traffic once nothing is waited for.
 #[derive(Default)]
 pub struct Readiness {
-    pending: std::sync::atomic::AtomicUsize,
-    reasons: std::sync::Mutex<Vec<String>>,
+    waiting: std::sync::Mutex<Vec<&'static str>>,
 }
 
 impl Readiness {
-    fn waiting_for(&self, what: &str) {
-        self.pending
-            .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
-        self.reasons
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .push(what.into());
+    fn waiting(&self) -> std::sync::MutexGuard<'_, Vec<&'static str>> {
+        self.waiting.lock().unwrap_or_else(|e| e.into_inner())
     }
-    fn done(&self) {
-        self.pending
-            .fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+    fn waiting_for(&self, what: &'static str) {
+        self.waiting().push(what);
     }
-    fn ready(&self) -> bool {
-        self.pending.load(std::sync::atomic::Ordering::Acquire) == 0
+    fn done(&self, what: &str) {
+        self.waiting().retain(|w| *w != what);
     }
 }
 
@@ -188,17 +181,13 @@ fn health_router(readiness: Arc<Readiness>) -> axum::Router {
         .route(
             "/readyz",
             axum::routing::get(move || async move {
-                if readiness.ready() {
+                let waiting = readiness.waiting().join(", ");
+                if waiting.is_empty() {
                     (StatusCode::OK, "ok".to_string())
                 } else {
-                    let reasons = readiness
-                        .reasons
-                        .lock()
-                        .unwrap_or_else(|e| e.into_inner())
-                        .join(", ");
                     (
                         StatusCode::SERVICE_UNAVAILABLE,
-                        format!("not ready: waiting for {reasons}"),
+                        format!("not ready: waiting for the first full list of {waiting}"),
                     )
                 }
             }),
@@ -236,8 +225,8 @@ async fn run_cluster(args: RunArgs) -> anyhow::Result<()> {
     let engine = args.engine()?;
     let scope = watch::Scope(args.watch_namespaces.clone());
     let readiness = Arc::new(Readiness::default());
-    readiness.waiting_for("the subscription caches");
-    readiness.waiting_for("the quota caches");
+    readiness.waiting_for("subscriptions");
+    readiness.waiting_for("quotas");
 
     // Health first, so a probe sees "not ready" rather than nothing while herald starts.
     let health_address = args.metrics_listen.unwrap_or(([0, 0, 0, 0], 9090).into());
@@ -294,15 +283,17 @@ async fn run_cluster(args: RunArgs) -> anyhow::Result<()> {
         quotas_synced,
     ));
     // Ready once every cache (one per watched namespace) has had its first full list.
-    for mut rx in [subs_rx, quotas_rx] {
+    for (what, mut rx) in [("subscriptions", subs_rx), ("quotas", quotas_rx)] {
         let readiness = readiness.clone();
         tokio::spawn(async move {
             for _ in 0..scopes {
                 if rx.recv().await.is_none() {
+                    tracing::error!(what, "a cache stopped before its first full list");
                     return;
                 }
             }
-            readiness.done();
+            tracing::info!(what, "caches have their first full list");
+            readiness.done(what);
         });
     }
 

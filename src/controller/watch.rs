@@ -144,10 +144,18 @@ pub async fn run_subscriptions(
         .zip(secret_apis)
     {
         let (reader, writer) = reflector::store();
+        // Told from the stream itself: kube-runtime's Store::wait_until_ready wakes only one
+        // of several waiters, and the controller is already one.
+        let synced = synced.clone();
         let subscriptions = watcher(api, watcher::Config::default())
             .default_backoff()
             .modify(|obj| obj.managed_fields_mut().clear())
             .reflect(writer)
+            .inspect(move |event| {
+                if let Ok(watcher::Event::InitDone) = event {
+                    let _ = synced.send(());
+                }
+            })
             .applied_objects()
             .predicate_filter(reconcile_worthy, Default::default());
         let secret_changes = watcher(secrets, watcher::Config::default())
@@ -155,13 +163,6 @@ pub async fn run_subscriptions(
             .touched_objects()
             .predicate_filter(predicates::resource_version, Default::default());
         let index = reader.clone();
-        let ready = reader.clone();
-        let synced = synced.clone();
-        tokio::spawn(async move {
-            if ready.wait_until_ready().await.is_ok() {
-                let _ = synced.send(());
-            }
-        });
         let controller = Controller::for_stream(subscriptions, reader)
             .with_config(kube::runtime::controller::Config::default().concurrency(concurrency))
             .watches_stream(secret_changes, move |secret| referencing(&index, &secret))
