@@ -834,7 +834,10 @@ async fn unregister_through_the_cluster() {
         .publish("control", &control_token, json!({"type": "run.completed"}))
         .await;
 
-    for (round, how) in ["delete", "sigkill", "namespace"].iter().enumerate() {
+    for (round, how) in ["delete", "sigkill", "while-down", "namespace"]
+        .iter()
+        .enumerate()
+    {
         let ns = format!("target-{round}");
         let path = format!("/target-{round}");
         receiver.set(&path, Behaviour::Status(500));
@@ -885,6 +888,8 @@ async fn unregister_through_the_cluster() {
                 Instant::now()
             }
             "sigkill" => {
+                // Stopped first, so herald cannot see the delete before it dies.
+                herald.signal("STOP");
                 cp.kubectl_ok(&["delete", "whsub", "target", "-n", &ns, "--wait=false"]);
                 herald.kill();
                 let restarted = Instant::now();
@@ -897,6 +902,32 @@ async fn unregister_through_the_cluster() {
                     &ns,
                     "--timeout=60s",
                 ]);
+                restarted
+            }
+            "while-down" => {
+                // Deleted for good while herald is down (its finalizer removed by hand).
+                herald.kill();
+                cp.kubectl_ok(&["delete", "whsub", "target", "-n", &ns, "--wait=false"]);
+                cp.kubectl_ok(&[
+                    "patch",
+                    "whsub",
+                    "target",
+                    "-n",
+                    &ns,
+                    "--type=merge",
+                    "-p",
+                    r#"{"metadata":{"finalizers":null}}"#,
+                ]);
+                cp.kubectl_ok(&[
+                    "wait",
+                    "--for=delete",
+                    "whsub/target",
+                    "-n",
+                    &ns,
+                    "--timeout=60s",
+                ]);
+                let restarted = Instant::now();
+                herald.restart().await;
                 restarted
             }
             _ => {
@@ -932,6 +963,45 @@ async fn unregister_through_the_cluster() {
             "{how}: the control was not retried ({late_control}): the test proves nothing"
         );
         assert_eq!(late_target, 0, "{how}: attempts for the deleted target");
+        if matches!(*how, "sigkill" | "while-down") {
+            // Not one attempt after the restart, although the object (sigkill) still
+            // existed then: it is purged at start and never registered with the engine.
+            assert_eq!(after_removal, 0, "{how}: attempts after the restart");
+        }
+        if *how == "while-down" {
+            // The start-up purge also removed the 5 pending attempts from the store: they no
+            // longer count against the namespace's pending quota.
+            cp.apply(&[
+                json!({"apiVersion": "herald.dev/v1alpha1", "kind": "WebhookQuota",
+                       "metadata": {"name": "pending", "namespace": ns},
+                       "spec": {"maxInFlight": 16, "maxPendingAttempts": 5}}),
+                sub(
+                    &ns,
+                    "after",
+                    &receiver.url(&format!("/after-{round}")),
+                    &["after"],
+                    json!({}),
+                ),
+            ]);
+            cp.kubectl_ok(&[
+                "wait",
+                "--for=condition=Ready",
+                "whsub/after",
+                "webhookquota/pending",
+                "-n",
+                &ns,
+                "--timeout=60s",
+            ]);
+            for i in 0..5 {
+                herald
+                    .publish(
+                        &ns,
+                        &token,
+                        json!({"id": format!("after-{i}"), "type": "after"}),
+                    )
+                    .await;
+            }
+        }
     }
 }
 
