@@ -520,8 +520,9 @@ async fn bad_input_gets_a_json_error_and_writes_nothing() {
             "127.0.0.0/8",
             "--publish-token",
             "s3cret",
+            // Not the default (1 MiB): an ignored flag would accept the 3,000-byte body.
             "--max-body-bytes",
-            "1048576",
+            "2000",
         ],
     );
     let client = reqwest::Client::new();
@@ -608,8 +609,15 @@ async fn bad_input_gets_a_json_error_and_writes_nothing() {
             "invalid_event",
         ),
         (
-            "2 MiB body",
-            format!(r#"{{"type":"a","data":"{}"}}"#, "x".repeat(2 << 20)).into_bytes(),
+            "3,000-byte body",
+            format!(r#"{{"type":"a","data":"{}"}}"#, "x".repeat(3000)).into_bytes(),
+            Some("s3cret"),
+            413,
+            "body_too_large",
+        ),
+        (
+            "2,001-byte body",
+            format!(r#"{{"type":"a","data":"{}"}}"#, "x".repeat(2001 - 22)).into_bytes(),
             Some("s3cret"),
             413,
             "body_too_large",
@@ -640,6 +648,11 @@ async fn bad_input_gets_a_json_error_and_writes_nothing() {
 
     let (status, answer) = send(good, Some("s3cret")).await;
     assert_eq!((status, answer["matched"].as_u64()), (202, Some(1)));
+    // Exactly at the limit is accepted.
+    let at_limit = format!(r#"{{"type":"a","data":"{}"}}"#, "x".repeat(2000 - 22)).into_bytes();
+    assert_eq!(at_limit.len(), 2000);
+    let (status, answer) = send(at_limit, Some("s3cret")).await;
+    assert_eq!((status, answer["matched"].as_u64()), (202, Some(1)), "{answer}");
     let (status, answer) = herald
         .get(&format!("/v1/namespaces/{NS}/subscriptions/nope/attempts"))
         .await;
@@ -660,6 +673,7 @@ async fn bad_input_gets_a_json_error_and_writes_nothing() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn paused_subscriptions_keep_events_until_unpaused() {
+    const EVENTS: usize = 5;
     let receiver = Receiver::start().await;
     let manifests = |paused: bool| {
         vec![
@@ -671,22 +685,56 @@ async fn paused_subscriptions_keep_events_until_unpaused() {
                 &["*"],
                 json!({"paused": paused}),
             ),
+            // Gets the same events, unpaused: once all of them reached it, the paused
+            // subscription has had every chance to send its own.
+            subscription(NS, "witness", &receiver.url("/witness"), &["*"], json!({})),
         ]
     };
     let herald = Herald::start(&manifests(true), ALLOW_LOOPBACK);
-    herald.publish(NS, json!({"type": "order.paid"})).await;
-    let pending = herald.deliveries(NS, "hook", "pending").await;
-    assert_eq!(
-        (pending.len(), pending[0]["attempts"].as_u64()),
-        (1, Some(0))
-    );
-    herald.write_config(&manifests(false));
+    for i in 0..EVENTS {
+        herald
+            .publish(NS, json!({"id": format!("evt-{i}"), "type": "order.paid"}))
+            .await;
+    }
+    settled(&herald, "witness", EVENTS).await;
     receiver
-        .wait_until("delivery after unpausing", Duration::from_secs(20), |h| {
-            h.len() == 1
+        .wait_until("the witness's deliveries", Duration::from_secs(20), |h| {
+            h.iter().filter(|h| h.path == "/witness").count() == EVENTS
         })
         .await;
-    assert_eq!(settled(&herald, "hook", 1).await[0]["state"], "delivered");
+    assert!(
+        receiver.hits_for("/hook").is_empty(),
+        "a paused subscription was delivered to"
+    );
+    let pending = herald.deliveries(NS, "hook", "pending").await;
+    assert_eq!(pending.len(), EVENTS, "{pending:?}");
+    assert!(
+        pending
+            .iter()
+            .all(|d| d["state"] == "pending" && d["attempts"] == 0),
+        "{pending:?}"
+    );
+
+    herald.write_config(&manifests(false));
+    let hits = receiver
+        .wait_until("delivery after unpausing", Duration::from_secs(20), |h| {
+            h.iter().filter(|h| h.path == "/hook").count() == EVENTS
+        })
+        .await;
+    // Everything kept arrives, once each, in publish order (lane width 1).
+    let ids: Vec<_> = hits
+        .iter()
+        .filter(|h| h.path == "/hook")
+        .map(|h| h.header("webhook-id").to_string())
+        .collect();
+    let expected: Vec<_> = (0..EVENTS).map(|i| format!("evt-{i}")).collect();
+    assert_eq!(ids, expected);
+    let all = settled(&herald, "hook", EVENTS).await;
+    assert!(
+        all.iter()
+            .all(|d| d["state"] == "delivered" && d["attempts"] == 1),
+        "{all:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
