@@ -220,7 +220,9 @@ async fn backoff_is_exponential_with_full_jitter_and_bounded() {
     for (n, (waits, ceiling)) in by_retry.iter().zip(&ceilings).enumerate() {
         let attempt = n + 1;
         let mean = waits.iter().sum::<f64>() / waits.len() as f64;
-        println!("after attempt {attempt}: ceiling {ceiling}s, mean wait {mean:.3}s, waits {waits:.3?}");
+        println!(
+            "after attempt {attempt}: ceiling {ceiling}s, mean wait {mean:.3}s, waits {waits:.3?}"
+        );
         // Never above the ceiling. Scheduling on a loaded machine may add delay, never
         // remove it, so the bound gets slack: a hard 0.5 s, and all but two waits within
         // 0.15 s. Had the engine handed the policy the wrong attempt number (one more),
@@ -652,7 +654,11 @@ async fn bad_input_gets_a_json_error_and_writes_nothing() {
     let at_limit = format!(r#"{{"type":"a","data":"{}"}}"#, "x".repeat(2000 - 22)).into_bytes();
     assert_eq!(at_limit.len(), 2000);
     let (status, answer) = send(at_limit, Some("s3cret")).await;
-    assert_eq!((status, answer["matched"].as_u64()), (202, Some(1)), "{answer}");
+    assert_eq!(
+        (status, answer["matched"].as_u64()),
+        (202, Some(1)),
+        "{answer}"
+    );
     let (status, answer) = herald
         .get(&format!("/v1/namespaces/{NS}/subscriptions/nope/attempts"))
         .await;
@@ -757,4 +763,147 @@ async fn attempt_history_keeps_an_excerpt_of_at_most_512_bytes() {
     assert_eq!(attempt["outcome"], "Accepted");
     assert!(attempt["latencyMs"].is_u64() && attempt["atMs"].is_i64());
     assert_eq!(attempt["message"].as_str().unwrap(), "x".repeat(512));
+}
+
+/// A WebhookQuota with only maxPendingAttempts set, optionally with a creationTimestamp.
+fn pending_quota(namespace: &str, name: &str, created: Option<&str>, max_pending: u64) -> Value {
+    let mut quota = json!({
+        "apiVersion": "herald.dev/v1alpha1",
+        "kind": "WebhookQuota",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {"maxPendingAttempts": max_pending},
+    });
+    if let Some(created) = created {
+        quota["metadata"]["creationTimestamp"] = json!(created);
+    }
+    quota
+}
+
+/// Publishes `n` events into `namespace` at once, from `n` tasks released together.
+async fn publish_concurrently(herald: &Herald, namespace: &str, n: usize) -> Vec<(u16, Value)> {
+    let client = reqwest::Client::new();
+    let url = format!("{}/v1/namespaces/{namespace}/events", herald.base);
+    let start = std::sync::Arc::new(tokio::sync::Barrier::new(n));
+    let mut tasks = tokio::task::JoinSet::new();
+    for i in 0..n {
+        let (client, url, start) = (client.clone(), url.clone(), start.clone());
+        let id = format!("{namespace}-{i}");
+        tasks.spawn(async move {
+            start.wait().await;
+            let response = client
+                .post(url)
+                .json(&json!({"id": id, "type": "order.paid"}))
+                .send()
+                .await
+                .unwrap();
+            let status = response.status().as_u16();
+            (status, response.json::<Value>().await.unwrap())
+        });
+    }
+    tasks.join_all().await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn max_pending_attempts_refuses_with_429_and_writes_nothing_under_concurrency() {
+    let receiver = Receiver::start().await;
+    let held = |namespace: &str| {
+        vec![
+            secret(namespace),
+            subscription(
+                namespace,
+                "hook",
+                &receiver.url(&format!("/{namespace}")),
+                &["*"],
+                json!({"paused": true}),
+            ),
+        ]
+    };
+    let mut manifests = held("flagged");
+    manifests.extend(held("quoted"));
+    manifests.extend([
+        // The older quota is in force, whatever the names (name order would pick b-later).
+        pending_quota("quoted", "b-later", Some("2024-01-01T00:00:00Z"), 8),
+        pending_quota("quoted", "a-first", Some("2020-01-01T00:00:00Z"), 3),
+    ]);
+    manifests.extend(held("dup"));
+    manifests.push(pending_quota("dup", "quota", None, 2));
+    let herald = Herald::start(
+        &manifests,
+        &[
+            "--egress-allow",
+            "127.0.0.0/8",
+            "--namespace-max-pending",
+            "10",
+        ],
+    );
+    herald
+        .wait_log("superseded", 1, Duration::from_secs(10))
+        .await;
+    assert!(
+        herald
+            .log()
+            .lines()
+            .any(|l| l.contains("superseded") && l.contains("b-later")),
+        "{}",
+        herald.log()
+    );
+
+    // (namespace, producers at once, the limit in force there)
+    for (namespace, producers, limit) in [("flagged", 40, 10), ("quoted", 20, 3)] {
+        let answers = publish_concurrently(&herald, namespace, producers).await;
+        let accepted: Vec<String> = answers
+            .iter()
+            .filter(|(status, _)| *status == 202)
+            .map(|(_, body)| body["id"].as_str().unwrap().to_string())
+            .collect();
+        let refused: Vec<_> = answers
+            .iter()
+            .filter(|(status, _)| *status == 429)
+            .collect();
+        assert_eq!(
+            (accepted.len(), refused.len()),
+            (limit, producers - limit),
+            "{namespace}: {answers:?}"
+        );
+        assert!(
+            refused
+                .iter()
+                .all(|(_, body)| body["error"]["code"] == "quota_exceeded"),
+            "{namespace}: {refused:?}"
+        );
+        // Nothing was written for a refused event: the pending deliveries are exactly the
+        // accepted ones.
+        let mut pending: Vec<String> = herald
+            .deliveries(namespace, "hook", "all")
+            .await
+            .iter()
+            .map(|d| d["eventId"].as_str().unwrap().to_string())
+            .collect();
+        let mut accepted = accepted;
+        pending.sort();
+        accepted.sort();
+        assert_eq!(pending, accepted, "{namespace}");
+        let (status, body) = herald
+            .post(
+                &format!("/v1/namespaces/{namespace}/events"),
+                json!({"type": "order.paid"}),
+            )
+            .await;
+        assert_eq!(
+            (status, body["error"]["code"].as_str()),
+            (429, Some("quota_exceeded"))
+        );
+    }
+
+    // A repeated id writes nothing and holds no room: limit 2, one pending, the repeat, and
+    // one more still fits.
+    let first = herald.publish("dup", json!({"id": "x", "type": "a"})).await;
+    let again = herald.publish("dup", json!({"id": "x", "type": "a"})).await;
+    assert_eq!(first, again);
+    herald.publish("dup", json!({"id": "y", "type": "a"})).await;
+    let (status, _) = herald
+        .post("/v1/namespaces/dup/events", json!({"id": "z", "type": "a"}))
+        .await;
+    assert_eq!(status, 429);
+    assert_eq!(herald.deliveries("dup", "hook", "all").await.len(), 2);
 }
