@@ -58,10 +58,16 @@ impl Quota {
 /// (namespace, name, name of the quota in force).
 pub fn quotas_in_force(
     quotas: &BTreeMap<Key, Quota>,
-) -> (BTreeMap<String, (String, WebhookQuotaSpec)>, Vec<(String, String, String)>) {
+) -> (
+    BTreeMap<String, (String, WebhookQuotaSpec)>,
+    Vec<(String, String, String)>,
+) {
     let mut by_namespace: BTreeMap<&str, Vec<(&str, &Quota)>> = BTreeMap::new();
     for ((namespace, name), quota) in quotas {
-        by_namespace.entry(namespace).or_default().push((name, quota));
+        by_namespace
+            .entry(namespace)
+            .or_default()
+            .push((name, quota));
     }
     let mut in_force = BTreeMap::new();
     let mut superseded = Vec::new();
@@ -71,7 +77,10 @@ pub fn quotas_in_force(
         for (name, _) in &list[1..] {
             superseded.push((namespace.to_string(), name.to_string(), winner.to_string()));
         }
-        in_force.insert(namespace.to_string(), (winner.to_string(), quota.spec.clone()));
+        in_force.insert(
+            namespace.to_string(),
+            (winner.to_string(), quota.spec.clone()),
+        );
     }
     (in_force, superseded)
 }
@@ -267,7 +276,9 @@ fn poll_interval() -> anyhow::Result<Option<Duration>> {
         Ok(text) => match text.trim().parse::<u64>() {
             Ok(0) => Ok(None),
             Ok(ms) => Ok(Some(Duration::from_millis(ms))),
-            Err(_) => anyhow::bail!("HERALD_CONFIG_POLL_MS={text:?} is not a number of milliseconds"),
+            Err(_) => {
+                anyhow::bail!("HERALD_CONFIG_POLL_MS={text:?} is not a number of milliseconds")
+            }
         },
     }
 }

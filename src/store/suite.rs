@@ -386,7 +386,14 @@ async fn prune_keeps_what_is_unfinished(store: &dyn Store) {
     store.upsert_subscription(sub("k2")).await.unwrap();
     // (event id, subscription, published, finished at, outcome, next)
     let cases: [(&str, &str, i64, i64, &str, Next); 6] = [
-        ("evt-k-old-done", "k1", 100, 150, "Accepted", Next::Delivered),
+        (
+            "evt-k-old-done",
+            "k1",
+            100,
+            150,
+            "Accepted",
+            Next::Delivered,
+        ),
         (
             "evt-k-old-pending",
             "k1",
@@ -395,10 +402,38 @@ async fn prune_keeps_what_is_unfinished(store: &dyn Store) {
             "Transient",
             Next::Retry { due_ms: 50_000 },
         ),
-        ("evt-k-old-dead", "k1", 100, 150, "Terminal", Next::DeadLetter),
-        ("evt-k-late-done", "k1", 100, 20_000, "Accepted", Next::Delivered),
-        ("evt-k-new-done", "k1", 20_000, 20_010, "Accepted", Next::Delivered),
-        ("evt-k-gone-dead", "k2", 100, 150, "Terminal", Next::DeadLetter),
+        (
+            "evt-k-old-dead",
+            "k1",
+            100,
+            150,
+            "Terminal",
+            Next::DeadLetter,
+        ),
+        (
+            "evt-k-late-done",
+            "k1",
+            100,
+            20_000,
+            "Accepted",
+            Next::Delivered,
+        ),
+        (
+            "evt-k-new-done",
+            "k1",
+            20_000,
+            20_010,
+            "Accepted",
+            Next::Delivered,
+        ),
+        (
+            "evt-k-gone-dead",
+            "k2",
+            100,
+            150,
+            "Terminal",
+            Next::DeadLetter,
+        ),
     ];
     for (id, uid, published, finished, outcome, next) in cases {
         store
