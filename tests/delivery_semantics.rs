@@ -6,9 +6,11 @@ mod support;
 
 use std::time::Duration;
 
+use herald::api::SigningScheme;
+use herald::signing::Signer;
 use serde_json::{Value, json};
 use support::herald::{Herald, secret, subscription};
-use support::receiver::{Behaviour, Hit, Receiver, closing_listener};
+use support::receiver::{Behaviour, Hit, Receiver, SECRET, closing_listener};
 
 const NS: &str = "shop";
 const ALLOW_LOOPBACK: &[&str] = &["--egress-allow", "127.0.0.0/8"];
@@ -906,4 +908,116 @@ async fn max_pending_attempts_refuses_with_429_and_writes_nothing_under_concurre
         .await;
     assert_eq!(status, 429);
     assert_eq!(herald.deliveries("dup", "hook", "all").await.len(), 2);
+}
+
+/// A second secret, for rotation.
+const OLD_SECRET: &str = "whsec_ZGVmZ2hpamtsbW5vcHFyc3R1dnd4eXp7";
+
+/// Verifies a hit with one scheme and one secret alone.
+fn verifies(hit: &Hit, scheme: SigningScheme, secret: &str, header: Option<&str>) -> bool {
+    let signer = Signer::new(scheme, &[secret], header).unwrap();
+    signer
+        .verify(
+            hit.headers.iter().map(|(k, v)| (k.as_str(), v.as_str())),
+            &hit.body,
+            herald::signing::unix_now(),
+            Duration::from_secs(300),
+        )
+        .is_ok()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn static_headers_stripe_with_a_custom_header_and_rotation_end_to_end() {
+    let receiver = Receiver::start().await;
+    let old_secret = json!({
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {"name": "old-secret", "namespace": NS},
+        "stringData": {"secret": OLD_SECRET},
+    });
+    let herald = Herald::start(
+        &[
+            secret(NS),
+            old_secret,
+            subscription(
+                NS,
+                "headers",
+                &receiver.url("/headers"),
+                &["*"],
+                json!({"headers": {"X-Tenant": "shop", "Authorization": "Bearer abc"}}),
+            ),
+            subscription(
+                NS,
+                "stripe",
+                &receiver.url("/stripe"),
+                &["*"],
+                json!({"signing": {"scheme": "stripe", "header": "X-Acme-Signature"}}),
+            ),
+            subscription(
+                NS,
+                "rotating",
+                &receiver.url("/rotating"),
+                &["*"],
+                json!({"signing": {"additionalSecretRefs": [{"name": "old-secret", "key": "secret"}]}}),
+            ),
+        ],
+        ALLOW_LOOPBACK,
+    );
+    herald
+        .publish(
+            NS,
+            json!({"id": "evt-1", "type": "order.paid", "data": {"n": 1}}),
+        )
+        .await;
+    let hits = receiver
+        .wait_until("one delivery to each", Duration::from_secs(20), |h| {
+            h.len() == 3
+        })
+        .await;
+    let hit = |path: &str| hits.iter().find(|h| h.path == path).unwrap().clone();
+
+    let headers = hit("/headers");
+    assert_eq!(headers.header("x-tenant"), "shop");
+    assert_eq!(headers.header("authorization"), "Bearer abc");
+    assert!(headers.verified);
+
+    // Stripe scheme: only the configured header, `t=<unix>,v1=<hex>`, over "{t}.{body}".
+    let stripe = hit("/stripe");
+    let value = stripe.header("x-acme-signature");
+    assert!(
+        value.starts_with("t=") && value.matches(",v1=").count() == 1,
+        "{value:?}"
+    );
+    for absent in ["herald-signature", "webhook-signature"] {
+        assert_eq!(
+            stripe.header(absent),
+            "",
+            "{absent} sent with the stripe scheme"
+        );
+    }
+    assert!(verifies(
+        &stripe,
+        SigningScheme::Stripe,
+        SECRET,
+        Some("X-Acme-Signature")
+    ));
+    assert!(!verifies(&stripe, SigningScheme::Stripe, SECRET, None));
+    assert_eq!(stripe.header("herald-event-id"), "evt-1");
+
+    // Rotation: one signature per secret, and a receiver knowing either one accepts it.
+    let rotating = hit("/rotating");
+    let signatures = rotating.header("webhook-signature");
+    assert_eq!(signatures.split(' ').count(), 2, "{signatures:?}");
+    for secret in [SECRET, OLD_SECRET] {
+        assert!(
+            verifies(&rotating, SigningScheme::StandardWebhooks, secret, None),
+            "not verifiable with {secret}"
+        );
+    }
+    assert!(!verifies(
+        &rotating,
+        SigningScheme::StandardWebhooks,
+        "whsec_AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA",
+        None
+    ));
 }
