@@ -20,7 +20,8 @@ pub struct Herald {
     token: Option<String>,
     /// Extra environment of the herald process.
     env: Vec<(String, String)>,
-    /// Send SIGHUP the moment the ready file appears (see [`Herald::start_hangup_at_ready`]).
+    /// Send SIGHUP the moment the ready file appears (see
+    /// [`Herald::restart_hangup_at_ready`]).
     hangup_at_ready: bool,
 }
 
@@ -109,26 +110,11 @@ static SEQ: AtomicU32 = AtomicU32::new(0);
 impl Herald {
     /// Writes the manifests and starts herald on them. `args` are extra `herald run` flags.
     pub fn start(manifests: &[Value], args: &[&str]) -> Self {
-        Self::start_with(manifests, args, &[], false)
+        Self::start_env(manifests, args, &[])
     }
 
     /// As [`Herald::start`], with extra environment variables for herald.
     pub fn start_env(manifests: &[Value], args: &[&str], env: &[(&str, &str)]) -> Self {
-        Self::start_with(manifests, args, env, false)
-    }
-
-    /// As [`Herald::start`], and sends SIGHUP as soon as the ready file appears (watched in a
-    /// tight loop), to hit the moment right after readiness is announced.
-    pub fn start_hangup_at_ready(manifests: &[Value], args: &[&str]) -> Self {
-        Self::start_with(manifests, args, &[], true)
-    }
-
-    fn start_with(
-        manifests: &[Value],
-        args: &[&str],
-        env: &[(&str, &str)],
-        hangup_at_ready: bool,
-    ) -> Self {
         let dir = std::env::temp_dir().join(format!(
             "herald-it-{}-{}",
             std::process::id(),
@@ -151,7 +137,7 @@ impl Herald {
                 .iter()
                 .map(|(k, v)| (k.to_string(), v.to_string()))
                 .collect(),
-            hangup_at_ready,
+            hangup_at_ready: false,
         };
         herald.write_files(manifests);
         herald.spawn();
@@ -289,6 +275,14 @@ impl Herald {
     pub fn restart(&mut self) {
         self.kill();
         self.spawn();
+    }
+
+    /// Starts again on the same folders and sends SIGHUP the moment the ready file appears.
+    pub fn restart_hangup_at_ready(&mut self) {
+        self.kill();
+        self.hangup_at_ready = true;
+        self.spawn();
+        self.hangup_at_ready = false;
     }
 
     pub fn data_dir(&self) -> PathBuf {
