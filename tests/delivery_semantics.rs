@@ -1021,3 +1021,38 @@ async fn static_headers_stripe_with_a_custom_header_and_rotation_end_to_end() {
         None
     ));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lane_width_one_keeps_first_attempts_in_order_and_a_retry_does_not_block() {
+    let receiver = Receiver::start().await;
+    // The first request fails, every later one succeeds.
+    receiver.set("/hook", Behaviour::Script(vec![500, 204]));
+    let manifests = |paused: bool| {
+        hook(
+            &receiver,
+            json!({"paused": paused, "delivery": {"maxInFlight": 1, "retry": {"initialBackoff": "500ms", "maxBackoff": "500ms"}}}),
+        )
+    };
+    // Published while paused, so that all three are due before the first attempt.
+    let herald = Herald::start(&manifests(true), ALLOW_LOOPBACK);
+    for i in 0..3 {
+        herald
+            .publish(NS, json!({"id": format!("evt-{i}"), "type": "order.paid"}))
+            .await;
+    }
+    herald.write_config(&manifests(false));
+    let hits = receiver
+        .wait_until("three events and one retry", Duration::from_secs(20), |h| {
+            h.len() == 4
+        })
+        .await;
+    let order: Vec<_> = hits
+        .iter()
+        .map(|h| format!("{}#{}", h.header("webhook-id"), h.header("herald-attempt")))
+        .collect();
+    // evt-0 failed first; its retry (due later than the others, whatever the jitter) waits
+    // while evt-1 and evt-2 go ahead in publish order.
+    assert_eq!(order, ["evt-0#1", "evt-1#1", "evt-2#1", "evt-0#2"]);
+    let all = settled(&herald, "hook", 3).await;
+    assert!(all.iter().all(|d| d["state"] == "delivered"), "{all:?}");
+}
