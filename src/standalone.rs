@@ -54,14 +54,14 @@ impl Quota {
     }
 }
 
+/// Per namespace, the name and spec of the quota in force.
+pub type QuotasInForce = BTreeMap<String, (String, WebhookQuotaSpec)>;
+
 /// The quota in force per namespace (the oldest), and the superseded ones as
 /// (namespace, name, name of the quota in force).
 pub fn quotas_in_force(
     quotas: &BTreeMap<Key, Quota>,
-) -> (
-    BTreeMap<String, (String, WebhookQuotaSpec)>,
-    Vec<(String, String, String)>,
-) {
+) -> (QuotasInForce, Vec<(String, String, String)>) {
     let mut by_namespace: BTreeMap<&str, Vec<(&str, &Quota)>> = BTreeMap::new();
     for ((namespace, name), quota) in quotas {
         by_namespace
