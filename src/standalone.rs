@@ -1,7 +1,12 @@
 //! Standalone mode: herald without a cluster. Subscriptions, quotas and secrets come from a
 //! folder of the same YAML a user would `kubectl apply`; the folder is re-read when it
-//! changes (polled every second) or on SIGHUP. A subscription that disappears from the
-//! folder takes the same purge-and-fence path as a deleted object in a cluster.
+//! changes (polled every second; `HERALD_CONFIG_POLL_MS` sets the interval in milliseconds,
+//! 0 turns polling off) or on SIGHUP. A subscription that disappears from the folder takes
+//! the same purge-and-fence path as a deleted object in a cluster.
+//!
+//! One `WebhookQuota` per namespace is in force, as in a cluster: the oldest (see
+//! [`crate::api::quota`] for how age is read from a folder); later ones are ignored and
+//! logged as superseded.
 //!
 //! Subscriptions are checked against the schema's CEL rules, as the API server would (its
 //! OpenAPI bounds are not re-checked here; the engine clamps lane width and attempts). A
@@ -27,8 +32,57 @@ type Key = (String, String);
 #[derive(Debug, Default)]
 pub struct Manifests {
     pub subscriptions: BTreeMap<Key, WebhookSubscriptionSpec>,
-    pub quotas: BTreeMap<Key, WebhookQuotaSpec>,
+    pub quotas: BTreeMap<Key, Quota>,
     pub secrets: HashMap<Key, HashMap<String, String>>,
+}
+
+/// A `WebhookQuota` of the folder, with what decides its age.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Quota {
+    pub spec: WebhookQuotaSpec,
+    /// `metadata.creationTimestamp`, when the manifest has one.
+    pub created: Option<k8s_openapi::jiff::Timestamp>,
+    /// Position of its file among the folder's files, in name order.
+    pub file: usize,
+}
+
+impl Quota {
+    /// Older first: by creationTimestamp (a quota that has one is older than one that has
+    /// none), then by file, then by name.
+    fn age_key<'a>(&self, name: &'a str) -> impl Ord + 'a {
+        (self.created.is_none(), self.created, self.file, name)
+    }
+}
+
+/// Per namespace, the name and spec of the quota in force.
+pub type QuotasInForce = BTreeMap<String, (String, WebhookQuotaSpec)>;
+
+/// The quota in force per namespace (the oldest), and the superseded ones as
+/// (namespace, name, name of the quota in force).
+pub fn quotas_in_force(
+    quotas: &BTreeMap<Key, Quota>,
+) -> (QuotasInForce, Vec<(String, String, String)>) {
+    let mut by_namespace: BTreeMap<&str, Vec<(&str, &Quota)>> = BTreeMap::new();
+    for ((namespace, name), quota) in quotas {
+        by_namespace
+            .entry(namespace)
+            .or_default()
+            .push((name, quota));
+    }
+    let mut in_force = BTreeMap::new();
+    let mut superseded = Vec::new();
+    for (namespace, mut list) in by_namespace {
+        list.sort_by(|a, b| a.1.age_key(a.0).cmp(&b.1.age_key(b.0)));
+        let (winner, quota) = list[0];
+        for (name, _) in &list[1..] {
+            superseded.push((namespace.to_string(), name.to_string(), winner.to_string()));
+        }
+        in_force.insert(
+            namespace.to_string(),
+            (winner.to_string(), quota.spec.clone()),
+        );
+    }
+    (in_force, superseded)
 }
 
 fn namespace_of(doc: &Value) -> String {
@@ -83,7 +137,7 @@ pub fn fingerprint(dir: &Path) -> anyhow::Result<[u8; 32]> {
 pub fn load(dir: &Path) -> anyhow::Result<Manifests> {
     let mut out = Manifests::default();
     let rules = SubscriptionRules::new();
-    for file in manifest_files(dir)? {
+    for (position, file) in manifest_files(dir)?.into_iter().enumerate() {
         let text = std::fs::read_to_string(&file)?;
         let docs: Vec<Value> = serde_saphyr::from_multiple_with_options(&text, parse_options())
             .map_err(|e| anyhow::anyhow!("{}: {e}", file.display()))?;
@@ -123,7 +177,27 @@ pub fn load(dir: &Path) -> anyhow::Result<Manifests> {
                     if spec.max_in_flight < crate::api::quota::MIN_NAMESPACE_IN_FLIGHT {
                         anyhow::bail!(context("maxInFlight must be at least 16"));
                     }
-                    out.quotas.insert(key, spec);
+                    let created = match doc.pointer("/metadata/creationTimestamp") {
+                        None | Some(Value::Null) => None,
+                        Some(value) => Some(
+                            value
+                                .as_str()
+                                .and_then(|t| t.parse::<k8s_openapi::jiff::Timestamp>().ok())
+                                .ok_or_else(|| {
+                                    anyhow::anyhow!(context(
+                                        "metadata.creationTimestamp is not an RFC 3339 time"
+                                    ))
+                                })?,
+                        ),
+                    };
+                    let quota = Quota {
+                        spec,
+                        created,
+                        file: position,
+                    };
+                    if out.quotas.insert(key.clone(), quota).is_some() {
+                        anyhow::bail!(context("declared twice"));
+                    }
                 }
                 "Secret" => {
                     let mut values = HashMap::new();
@@ -184,6 +258,29 @@ pub struct FolderSync {
     /// touches what changed.
     applied: HashMap<Key, Applied>,
     quota_namespaces: Vec<String>,
+    /// SIGHUP, listened to from [`FolderSync::new`] on: herald announces readiness after
+    /// that, and a SIGHUP that finds no handler would end the process.
+    hangup: Option<tokio::signal::unix::Signal>,
+    /// How often the folder is checked for changes (None: only on SIGHUP).
+    poll: Option<Duration>,
+    /// Fingerprint of the folder as the last [`FolderSync::apply`] found it before reading,
+    /// so that a change made between the first apply and [`FolderSync::watch`] is not missed.
+    seen: Option<[u8; 32]>,
+}
+
+/// The folder's polling interval: `HERALD_CONFIG_POLL_MS` milliseconds (0: never poll, only
+/// SIGHUP reloads), by default one second.
+fn poll_interval() -> anyhow::Result<Option<Duration>> {
+    match std::env::var("HERALD_CONFIG_POLL_MS") {
+        Err(_) => Ok(Some(Duration::from_secs(1))),
+        Ok(text) => match text.trim().parse::<u64>() {
+            Ok(0) => Ok(None),
+            Ok(ms) => Ok(Some(Duration::from_millis(ms))),
+            Err(_) => {
+                anyhow::bail!("HERALD_CONFIG_POLL_MS={text:?} is not a number of milliseconds")
+            }
+        },
+    }
 }
 
 /// A digest of a subscription's spec and resolved secrets, as last applied (a digest rather
@@ -223,18 +320,24 @@ impl FolderSync {
             .into_iter()
             .map(|s| ((s.namespace, s.name), s.uid))
             .collect();
+        let hangup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
+            .map_err(|e| anyhow::anyhow!("listening for SIGHUP: {e}"))?;
         Ok(Self {
             engine,
             dir,
             known,
             applied: HashMap::new(),
             quota_namespaces: Vec::new(),
+            hangup: Some(hangup),
+            poll: poll_interval()?,
+            seen: None,
         })
     }
 
     /// Reads the folder and applies it. A folder that does not load, or holds an invalid
     /// subscription, changes nothing.
     pub async fn apply(&mut self) -> anyhow::Result<()> {
+        self.seen = fingerprint(&self.dir).ok();
         let manifests = load(&self.dir)?;
         let mut changed = Vec::new();
         for (key, spec) in &manifests.subscriptions {
@@ -288,14 +391,18 @@ impl FolderSync {
             }
         }
 
+        let (in_force, superseded) = quotas_in_force(&manifests.quotas);
+        for (namespace, name, winner) in superseded {
+            tracing::warn!(%namespace, quota = %name, in_force = %winner, "WebhookQuota superseded: only the oldest quota of a namespace is in force; this one is ignored");
+        }
         let mut namespaces = Vec::new();
-        for ((namespace, _), quota) in &manifests.quotas {
+        for (namespace, (_, quota)) in in_force {
             self.engine.set_quota(
-                namespace,
+                &namespace,
                 Some(quota.max_in_flight),
                 Some(quota.max_pending_attempts),
             );
-            namespaces.push(namespace.clone());
+            namespaces.push(namespace);
         }
         for namespace in &self.quota_namespaces {
             if !namespaces.contains(namespace) {
@@ -317,13 +424,19 @@ impl FolderSync {
 
     /// Re-applies the folder whenever its content changes or SIGHUP arrives.
     pub async fn watch(mut self) {
-        let mut last = fingerprint(&self.dir).ok();
-        let mut hangup =
-            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok();
-        let mut tick = tokio::time::interval(Duration::from_secs(1));
+        let mut last = match self.seen {
+            Some(seen) => Some(seen),
+            None => fingerprint(&self.dir).ok(),
+        };
+        let mut hangup = self.hangup.take();
+        let mut tick = self.poll.map(|every| {
+            let mut tick = tokio::time::interval(every);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            tick
+        });
         loop {
             let forced = tokio::select! {
-                _ = tick.tick() => false,
+                _ = async { match tick.as_mut() { Some(t) => { t.tick().await; } None => std::future::pending().await } } => false,
                 Some(()) = async { match hangup.as_mut() { Some(h) => h.recv().await, None => std::future::pending().await } } => true,
             };
             let now = match fingerprint(&self.dir) {
@@ -393,7 +506,10 @@ spec:
         let m = load(&dir).unwrap();
         assert_eq!(m.subscriptions.len(), 1);
         assert_eq!(m.secrets[&("shop".into(), "s".into())]["k"], "whsec_AAAA");
-        assert_eq!(m.quotas[&("default".into(), "q".into())].max_in_flight, 32);
+        assert_eq!(
+            m.quotas[&("default".into(), "q".into())].spec.max_in_flight,
+            32
+        );
         let spec = &m.subscriptions[&("shop".into(), "orders".into())];
         assert_eq!(
             resolve_secrets(&m, "shop", spec),
@@ -405,6 +521,80 @@ spec:
                 .contains("not found")
         );
         let _ = std::fs::remove_dir_all(dir);
+    }
+
+    #[test]
+    fn the_oldest_quota_of_a_namespace_is_in_force() {
+        let quota = |name: &str, namespace: &str, created: Option<&str>, pending: u64| {
+            let created = created
+                .map(|t| format!(", creationTimestamp: '{t}'"))
+                .unwrap_or_default();
+            format!(
+                "---\nkind: WebhookQuota\nmetadata: {{name: {name}, namespace: {namespace}{created}}}\nspec: {{maxPendingAttempts: {pending}}}\n"
+            )
+        };
+        let dir = folder(&[
+            (
+                "1.yaml",
+                &[
+                    // By creationTimestamp, whatever the names and files say.
+                    quota("a-new", "stamped", Some("2024-05-01T00:00:00Z"), 1),
+                    quota("z-old", "stamped", Some("2020-05-01T00:00:00Z"), 2),
+                    // Without timestamps: file order, then name order.
+                    quota("z", "plain", None, 3),
+                    quota("b", "plain", None, 4),
+                    // A timestamp makes a quota older than any without one.
+                    quota("a", "mixed", None, 5),
+                    quota("only", "alone", None, 9),
+                ]
+                .concat(),
+            ),
+            (
+                "2.yaml",
+                &[
+                    quota("a", "plain", None, 6),
+                    quota("z", "mixed", Some("2030-01-01T00:00:00Z"), 7),
+                ]
+                .concat(),
+            ),
+        ]);
+        let (in_force, superseded) = quotas_in_force(&load(&dir).unwrap().quotas);
+        let pending: Vec<_> = in_force
+            .iter()
+            .map(|(ns, (name, spec))| (ns.as_str(), name.as_str(), spec.max_pending_attempts))
+            .collect();
+        assert_eq!(
+            pending,
+            [
+                ("alone", "only", 9),
+                ("mixed", "z", 7),
+                ("plain", "b", 4),
+                ("stamped", "z-old", 2)
+            ]
+        );
+        let mut superseded: Vec<_> = superseded
+            .iter()
+            .map(|(ns, name, by)| format!("{ns}/{name} by {by}"))
+            .collect();
+        superseded.sort();
+        assert_eq!(
+            superseded,
+            [
+                "mixed/a by z",
+                "plain/a by b",
+                "plain/z by b",
+                "stamped/a-new by z-old"
+            ]
+        );
+        let bad = folder(&[("q.yaml", &quota("q", "ns", Some("last tuesday"), 1))]);
+        assert!(
+            load(&bad)
+                .unwrap_err()
+                .to_string()
+                .contains("creationTimestamp")
+        );
+        let _ = std::fs::remove_dir_all(dir);
+        let _ = std::fs::remove_dir_all(bad);
     }
 
     #[test]

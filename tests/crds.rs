@@ -1,50 +1,65 @@
 //! The checked-in CRDs (crds/ and the chart's copy) are exactly what the code generates,
 //! and every field a user can write or read is documented for `kubectl explain`.
 //!
-//! After changing src/api, regenerate with: `UPDATE_CRDS=1 cargo test --test crds`.
+//! The drift test only reads. After changing src/api, regenerate the files with
+//! `cargo test --test crds -- --ignored regenerate_crds` (the one test that writes; it is
+//! ignored, so the test command never runs it).
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use herald::api::crdgen;
 use serde_json::Value;
 
 const COPIES: &[&str] = &["crds", "charts/herald/crds"];
+const REGENERATE: &str = "cargo test --test crds -- --ignored regenerate_crds";
+
+fn root() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// (file name, text) of every CRD as the code renders it.
+fn generated() -> Vec<(String, String)> {
+    crdgen::all()
+        .into_iter()
+        .map(|(file, crd)| (file, crdgen::render(&crd).unwrap()))
+        .collect()
+}
+
+/// The files of a folder, sorted by name.
+fn files_in(dir: &Path) -> Vec<PathBuf> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+        .unwrap_or_else(|e| panic!("{}: {e}; run {REGENERATE}", dir.display()))
+        .map(|e| e.unwrap().path())
+        .collect();
+    files.sort();
+    files
+}
 
 #[test]
 fn checked_in_crds_match_the_code() {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let update = std::env::var_os("UPDATE_CRDS").is_some();
+    // UPDATE_CRDS used to turn this test into a write; now nothing here writes, and a
+    // leftover UPDATE_CRDS in the environment is refused rather than silently ignored.
+    assert!(
+        std::env::var_os("UPDATE_CRDS").is_none(),
+        "UPDATE_CRDS no longer regenerates anything; unset it and run {REGENERATE}"
+    );
+    let expected = generated();
     for dir in COPIES {
-        let dir = root.join(dir);
-        let expected: Vec<_> = crdgen::all()
-            .into_iter()
-            .map(|(file, crd)| (file, crdgen::render(&crd).unwrap()))
-            .collect();
-        if update {
-            std::fs::create_dir_all(&dir).unwrap();
-            for (file, text) in &expected {
-                std::fs::write(dir.join(file), text).unwrap();
-            }
-        }
+        let dir = root().join(dir);
         for (file, text) in &expected {
             let path = dir.join(file);
-            let actual = std::fs::read_to_string(&path).unwrap_or_else(|e| {
-                panic!(
-                    "{}: {e}; run UPDATE_CRDS=1 cargo test --test crds",
-                    path.display()
-                )
-            });
+            let actual = std::fs::read_to_string(&path)
+                .unwrap_or_else(|e| panic!("{}: {e}; run {REGENERATE}", path.display()));
             assert!(
                 actual == *text,
-                "{} drifted from the code; run UPDATE_CRDS=1 cargo test --test crds",
+                "{} drifted from the code; run {REGENERATE}",
                 path.display()
             );
         }
-        let mut present: Vec<_> = std::fs::read_dir(&dir)
-            .unwrap()
-            .map(|e| e.unwrap().file_name().into_string().unwrap())
+        let present: Vec<_> = files_in(&dir)
+            .iter()
+            .map(|p| p.file_name().unwrap().to_string_lossy().into_owned())
             .collect();
-        present.sort();
         let wanted: Vec<_> = expected.iter().map(|(f, _)| f.clone()).collect();
         assert_eq!(
             present,
@@ -55,6 +70,27 @@ fn checked_in_crds_match_the_code() {
     }
 }
 
+/// Writes the generated CRDs into crds/ and the chart. Ignored: run it on purpose with
+/// `cargo test --test crds -- --ignored regenerate_crds` after changing src/api.
+#[test]
+#[ignore = "writes crds/ and charts/herald/crds/; run it on purpose after changing src/api"]
+fn regenerate_crds() {
+    let expected = generated();
+    for dir in COPIES {
+        let dir = root().join(dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        for stale in files_in(&dir) {
+            let name = stale.file_name().unwrap().to_string_lossy().into_owned();
+            if !expected.iter().any(|(file, _)| *file == name) {
+                std::fs::remove_file(&stale).unwrap();
+            }
+        }
+        for (file, text) in &expected {
+            std::fs::write(dir.join(file), text).unwrap();
+        }
+    }
+}
+
 #[test]
 fn herald_crds_prints_the_concatenation_of_crds_dir() {
     let output = std::process::Command::new(env!("CARGO_BIN_EXE_herald"))
@@ -62,11 +98,16 @@ fn herald_crds_prints_the_concatenation_of_crds_dir() {
         .output()
         .unwrap();
     assert!(output.status.success());
-    let expected: String = crdgen::all()
+    // What a user would apply by hand: `cat crds/*.yaml`, the files in name order.
+    let files: String = files_in(&root().join("crds"))
         .iter()
-        .map(|(_, crd)| crdgen::render(crd).unwrap())
+        .map(|path| std::fs::read_to_string(path).unwrap())
         .collect();
-    assert_eq!(String::from_utf8(output.stdout).unwrap(), expected);
+    assert!(!files.is_empty(), "crds/ is empty");
+    assert!(
+        String::from_utf8(output.stdout).unwrap() == files,
+        "`herald crds` differs from `cat crds/*.yaml`"
+    );
 }
 
 /// Collects the paths of properties without a description below `schema`.

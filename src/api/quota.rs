@@ -1,5 +1,12 @@
 //! `WebhookQuota`: a namespace's share of herald's delivery capacity. Like ResourceQuota it
 //! is meant to be written by cluster admins only (the chart's RBAC gives tenants read access).
+//!
+//! One quota per namespace is in force: the oldest. Age is `metadata.creationTimestamp`
+//! (ties broken by name). In standalone mode, where manifests rarely carry one, a quota with
+//! a creationTimestamp counts as older than any without; those without are ordered by the
+//! file they are in (the folder's files in name order), then by name. Later quotas are
+//! ignored; in a cluster they get Ready=False with reason Superseded, in standalone mode
+//! (which writes no status) each read of the folder logs them as superseded.
 // kube's printcolumn(...) entries repeat `type_ = ...` by design; clippy mistakes that for
 // a duplicated attribute.
 #![allow(clippy::duplicated_attributes)]

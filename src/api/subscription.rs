@@ -202,8 +202,10 @@ pub struct DeliveryPolicy {
     #[x_kube(validation = Rule::new("duration(self) >= duration('100ms') && duration(self) <= duration('5m')").message("must be between 100ms and 5m"))]
     pub timeout: Duration,
 
-    /// Lane width: how many attempts to this subscription may be on the wire at once. 1
-    /// (the default) delivers in publish order, one at a time.
+    /// Lane width: how many attempts to this subscription may be on the wire at once. With 1
+    /// (the default) attempts are made one at a time and first attempts in publish order; a
+    /// delivery waiting for a retry does not hold back later events, so after a failure
+    /// events may arrive out of publish order.
     #[serde(default = "default_max_in_flight")]
     #[schemars(range(min = 1, max = 256))]
     pub max_in_flight: u32,

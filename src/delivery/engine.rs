@@ -309,8 +309,25 @@ impl Engine {
         data: &RawValue,
     ) -> Result<PublishResult, EngineError> {
         let event_id = id.unwrap_or_else(|| format!("evt_{}", uuid::Uuid::now_v7().simple()));
-        let targets: Vec<String> = {
-            let inner = self.lock();
+        /// Pending attempts counted for a publish before the store has them; whatever the
+        /// store did not write (a duplicate id, a subscription removed meanwhile, a failed
+        /// write, a cancelled request) is given back on drop.
+        struct Reservation<'a> {
+            engine: &'a Engine,
+            namespace: &'a str,
+            count: u64,
+        }
+        impl Drop for Reservation<'_> {
+            fn drop(&mut self) {
+                if self.count > 0 {
+                    self.engine.lock().pending_sub(self.namespace, self.count);
+                }
+            }
+        }
+        // The maxPendingAttempts check and the reservation are one step under the lock, so
+        // concurrent publishes cannot pass the limit together.
+        let (targets, mut reservation) = {
+            let mut inner = self.lock();
             let targets: Vec<String> = inner
                 .by_namespace
                 .get(namespace)
@@ -325,15 +342,24 @@ impl Engine {
                 .copied()
                 .unwrap_or(self.config.namespace_max_pending);
             let pending = inner.pending.get(namespace).copied().unwrap_or(0);
-            if pending + targets.len() as u64 > limit {
+            let more = targets.len() as u64;
+            if pending + more > limit {
                 return Err(EngineError::QuotaExceeded {
                     namespace: namespace.to_string(),
                     pending,
-                    more: targets.len() as u64,
+                    more,
                     limit,
                 });
             }
-            targets
+            if more > 0 {
+                *inner.pending.entry(namespace.to_string()).or_default() += more;
+            }
+            let reservation = Reservation {
+                engine: self,
+                namespace,
+                count: more,
+            };
+            (targets, reservation)
         };
         #[derive(Serialize)]
         struct Envelope<'a> {
@@ -366,9 +392,11 @@ impl Engine {
                 targets,
             )
             .await?;
+        // What the store wrote stays counted; the rest is released when `reservation` drops.
+        reservation.count -= (result.targets.len() as u64).min(reservation.count);
+        drop(reservation);
         if !result.targets.is_empty() {
             let mut inner = self.lock();
-            *inner.pending.entry(namespace.to_string()).or_default() += result.targets.len() as u64;
             for uid in &result.targets {
                 inner.scheduler.wake(uid);
             }

@@ -283,14 +283,29 @@ mod tests {
             "{first:?}"
         );
         assert_eq!(first.len(), 4);
-        // As slots free up, "b" lanes that become due again are served before "a"'s backlog.
-        for uid in &first {
-            let ns = &uid[..1];
-            s.release(uid, ns);
+        // "b" runs out of work: its lanes go idle and give their slots to "a"'s backlog.
+        for uid in first.iter().filter(|u| u.starts_with('b')) {
+            s.idle(uid, s.epoch(uid));
+            s.release(uid, "b");
         }
+        let refill = drain(&mut s);
+        assert_eq!(refill.len(), 2, "{refill:?}");
+        assert!(refill.iter().all(|u| u.starts_with('a')), "{refill:?}");
+        // Every slot is held by "a" and 46 "a" lanes wait. "b0" becomes due again: it waits
+        // for one turn of "a" at most, not behind the 46 "a" lanes queued before it (as a
+        // plain round-robin over lanes would have it).
         s.wake("b0");
+        assert_eq!(s.start_next(), None, "the global limit is used up");
+        s.release(&refill[0], "a");
+        s.release(&refill[1], "a");
         let second = drain(&mut s);
+        assert_eq!(second.len(), 2, "{second:?}");
         assert!(second.contains(&"b0".to_string()), "{second:?}");
+        // The next free slot goes back to "a": "b" has nothing more due.
+        s.idle("b0", s.epoch("b0"));
+        s.release("b0", "b");
+        assert!(s.start_next().unwrap().starts_with('a'));
+        assert_eq!(s.start_next(), None);
     }
 
     #[test]

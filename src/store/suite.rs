@@ -375,39 +375,158 @@ async fn pause_blocks_claims(store: &dyn Store) {
     store.remove_subscription("z1").await.unwrap();
 }
 
+/// Retention: `prune(cutoff)` drops attempt history older than the cutoff (of every
+/// delivery, dead letters included), delivered deliveries that finished before it, and
+/// events older than it that no delivery refers to any more, so their ids may be published
+/// again. It keeps pending deliveries and dead letters of live subscriptions, whatever their
+/// age; a removed subscription's finished deliveries go.
 async fn prune_keeps_what_is_unfinished(store: &dyn Store) {
+    const CUTOFF: i64 = 10_000;
     store.upsert_subscription(sub("k1")).await.unwrap();
-    store
-        .publish(event("evt-k-old-done", 100), vec!["k1".into()])
-        .await
-        .unwrap();
-    store
-        .publish(event("evt-k-old-pending", 100), vec!["k1".into()])
-        .await
-        .unwrap();
-    let c = claim(store, "k1", 100).await;
-    store
-        .complete(
-            c.delivery_id,
-            attempt(150, "Accepted", Some(200)),
+    store.upsert_subscription(sub("k2")).await.unwrap();
+    // (event id, subscription, published, finished at, outcome, next)
+    let cases: [(&str, &str, i64, i64, &str, Next); 6] = [
+        (
+            "evt-k-old-done",
+            "k1",
+            100,
+            150,
+            "Accepted",
             Next::Delivered,
-        )
-        .await
-        .unwrap();
-    store.prune(10_000).await.unwrap();
+        ),
+        (
+            "evt-k-old-pending",
+            "k1",
+            100,
+            150,
+            "Transient",
+            Next::Retry { due_ms: 50_000 },
+        ),
+        (
+            "evt-k-old-dead",
+            "k1",
+            100,
+            150,
+            "Terminal",
+            Next::DeadLetter,
+        ),
+        (
+            "evt-k-late-done",
+            "k1",
+            100,
+            20_000,
+            "Accepted",
+            Next::Delivered,
+        ),
+        (
+            "evt-k-new-done",
+            "k1",
+            20_000,
+            20_010,
+            "Accepted",
+            Next::Delivered,
+        ),
+        (
+            "evt-k-gone-dead",
+            "k2",
+            100,
+            150,
+            "Terminal",
+            Next::DeadLetter,
+        ),
+    ];
+    for (id, uid, published, finished, outcome, next) in cases {
+        store
+            .publish(event(id, published), vec![uid.into()])
+            .await
+            .unwrap();
+        let c = claim(store, uid, published).await;
+        assert_eq!(c.event_id, id);
+        store
+            .complete(c.delivery_id, attempt(finished, outcome, Some(500)), next)
+            .await
+            .unwrap();
+    }
+    store.remove_subscription("k2").await.unwrap();
+    assert_eq!(
+        store
+            .list_deliveries("k2", StateFilter::Dead, 10)
+            .await
+            .unwrap()
+            .len(),
+        1,
+        "removal purges unfinished deliveries only"
+    );
+
+    assert!(store.prune(CUTOFF).await.unwrap() >= 6);
+
     let left = store
         .list_deliveries("k1", StateFilter::All, 10)
         .await
         .unwrap();
-    assert_eq!(left.len(), 1);
-    assert_eq!(left[0].event_id, "evt-k-old-pending");
-    // The pruned event's id may not be reused as a duplicate any more, but the pending one is kept.
+    let ids: Vec<_> = left.iter().map(|d| d.event_id.as_str()).collect();
+    assert_eq!(
+        ids,
+        [
+            "evt-k-old-pending",
+            "evt-k-old-dead",
+            "evt-k-late-done",
+            "evt-k-new-done"
+        ],
+        "only the delivery that finished before the cutoff is pruned"
+    );
+    // History older than the cutoff is gone, also of what is kept; newer history stays.
+    for (id, history) in [
+        ("evt-k-old-done", 0),
+        ("evt-k-old-pending", 0),
+        ("evt-k-old-dead", 0),
+        ("evt-k-late-done", 1),
+        ("evt-k-new-done", 1),
+    ] {
+        assert_eq!(
+            store.attempts("k1", id).await.unwrap().len(),
+            history,
+            "{id}"
+        );
+    }
+    // The dead letter is kept, without its history, and can still be replayed.
+    let dead = &left[1];
+    assert_eq!(
+        (dead.state, dead.attempts, dead.last_attempt.as_ref()),
+        (DeliveryState::Dead, 1, None)
+    );
+    assert_eq!(left[0].state, DeliveryState::Pending);
+    assert_eq!(left[0].next_due_ms, Some(50_000));
     assert!(
         store
-            .publish(event("evt-k-old-pending", 200), vec!["k1".into()])
+            .list_deliveries("k2", StateFilter::All, 10)
             .await
             .unwrap()
-            .duplicate
+            .is_empty(),
+        "a removed subscription's dead letters are pruned"
+    );
+    // An event still referred to keeps its id; a pruned event's id may be published again.
+    for id in ["evt-k-old-pending", "evt-k-old-dead", "evt-k-late-done"] {
+        assert!(
+            store
+                .publish(event(id, 30_000), vec!["k1".into()])
+                .await
+                .unwrap()
+                .duplicate,
+            "{id}"
+        );
+    }
+    let again = store
+        .publish(event("evt-k-old-done", 30_000), vec!["k1".into()])
+        .await
+        .unwrap();
+    assert_eq!((again.duplicate, again.matched), (false, 1));
+    assert_eq!(
+        store
+            .replay("k1", Some(vec!["evt-k-old-dead".into()]), 30_000)
+            .await
+            .unwrap(),
+        1
     );
     store.remove_subscription("k1").await.unwrap();
 }

@@ -18,6 +18,11 @@ pub struct Herald {
     http: reqwest::Client,
     /// The --publish-token, sent on every API call.
     token: Option<String>,
+    /// Extra environment of the herald process.
+    env: Vec<(String, String)>,
+    /// Send SIGHUP the moment the ready file appears (see
+    /// [`Herald::restart_hangup_at_ready`]).
+    hangup_at_ready: bool,
 }
 
 /// A subscription manifest (JSON is YAML) with `spec` merged over test defaults.
@@ -105,6 +110,11 @@ static SEQ: AtomicU32 = AtomicU32::new(0);
 impl Herald {
     /// Writes the manifests and starts herald on them. `args` are extra `herald run` flags.
     pub fn start(manifests: &[Value], args: &[&str]) -> Self {
+        Self::start_env(manifests, args, &[])
+    }
+
+    /// As [`Herald::start`], with extra environment variables for herald.
+    pub fn start_env(manifests: &[Value], args: &[&str], env: &[(&str, &str)]) -> Self {
         let dir = std::env::temp_dir().join(format!(
             "herald-it-{}-{}",
             std::process::id(),
@@ -123,8 +133,13 @@ impl Herald {
                 .windows(2)
                 .find(|w| w[0] == "--publish-token")
                 .map(|w| w[1].to_string()),
+            env: env
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+            hangup_at_ready: false,
         };
-        herald.write_config(manifests);
+        herald.write_files(manifests);
         herald.spawn();
         herald
     }
@@ -154,6 +169,7 @@ impl Herald {
             .arg("--ready-file")
             .arg(&ready)
             .args(&self.args)
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
             .env("RUST_LOG", "info")
             .stdin(Stdio::null())
             .stdout(log.try_clone().unwrap())
@@ -164,6 +180,9 @@ impl Herald {
         let deadline = Instant::now() + Duration::from_secs(60);
         loop {
             if let Ok(address) = std::fs::read_to_string(&ready) {
+                if self.hangup_at_ready {
+                    self.hangup();
+                }
                 self.base = format!("http://{address}");
                 return;
             }
@@ -178,7 +197,34 @@ impl Herald {
                 "herald did not start in 60s:\n{}",
                 self.log()
             );
-            std::thread::sleep(Duration::from_millis(20));
+            std::thread::sleep(if self.hangup_at_ready {
+                Duration::from_micros(200)
+            } else {
+                Duration::from_millis(20)
+            });
+        }
+    }
+
+    /// Whether the herald process is still running.
+    pub fn running(&mut self) -> bool {
+        self.child
+            .as_mut()
+            .is_some_and(|c| c.try_wait().unwrap().is_none())
+    }
+
+    /// Waits until herald's log holds `needle` at least `times` times; returns the log.
+    pub async fn wait_log(&self, needle: &str, times: usize, deadline: Duration) -> String {
+        let end = Instant::now() + deadline;
+        loop {
+            let log = self.log();
+            if log.matches(needle).count() >= times {
+                return log;
+            }
+            assert!(
+                Instant::now() < end,
+                "timed out waiting for {times}x {needle:?} in herald's log:\n{log}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
 
@@ -188,15 +234,27 @@ impl Herald {
 
     /// Replaces the config folder's manifests (atomically) and asks herald to reload.
     pub fn write_config(&self, manifests: &[Value]) {
-        let text: String = manifests.iter().map(|m| format!("---\n{m}\n")).collect();
-        let path = self.dir.join("config/manifests.yaml");
-        let tmp = self.dir.join("manifests.yaml.tmp");
-        std::fs::write(&tmp, text).unwrap();
-        std::fs::rename(&tmp, &path).unwrap();
+        self.write_files(manifests);
         self.hangup();
     }
 
-    fn hangup(&self) {
+    /// Replaces the config folder's manifests (atomically), without a signal: herald sees it
+    /// when it polls the folder.
+    pub fn write_files(&self, manifests: &[Value]) {
+        let text: String = manifests.iter().map(|m| format!("---\n{m}\n")).collect();
+        self.write_text("manifests.yaml", &text);
+    }
+
+    /// Writes one file of the config folder (atomically), without a signal.
+    pub fn write_text(&self, file: &str, text: &str) {
+        let path = self.dir.join("config").join(file);
+        let tmp = self.dir.join(format!("{file}.tmp"));
+        std::fs::write(&tmp, text).unwrap();
+        std::fs::rename(&tmp, &path).unwrap();
+    }
+
+    /// Sends SIGHUP: reload the folder now.
+    pub fn hangup(&self) {
         if let Some(child) = &self.child {
             let _ = Command::new("kill")
                 .arg("-HUP")
@@ -217,6 +275,14 @@ impl Herald {
     pub fn restart(&mut self) {
         self.kill();
         self.spawn();
+    }
+
+    /// Starts again on the same folders and sends SIGHUP the moment the ready file appears.
+    pub fn restart_hangup_at_ready(&mut self) {
+        self.kill();
+        self.hangup_at_ready = true;
+        self.spawn();
+        self.hangup_at_ready = false;
     }
 
     pub fn data_dir(&self) -> PathBuf {

@@ -24,6 +24,9 @@ pub enum Behaviour {
     Status(u16),
     /// Answer the first request with this status and Retry-After header, then 204.
     RetryAfterOnce(u16, String),
+    /// Answer the first request with this status and a Retry-After HTTP date this far
+    /// ahead of the moment of the answer, then 204.
+    RetryAfterDateOnce(u16, Duration),
     /// Answer these statuses in turn, then the last one forever.
     Script(Vec<u16>),
     /// Accept the request and never answer.
@@ -192,6 +195,11 @@ async fn handle(
             (status(s), [("retry-after", value)]).into_response()
         }
         Some(Behaviour::RetryAfterOnce(..)) => StatusCode::NO_CONTENT.into_response(),
+        Some(Behaviour::RetryAfterDateOnce(s, ahead)) if seen == 1 => {
+            let date = httpdate::fmt_http_date(std::time::SystemTime::now() + ahead);
+            (status(s), [("retry-after", date)]).into_response()
+        }
+        Some(Behaviour::RetryAfterDateOnce(..)) => StatusCode::NO_CONTENT.into_response(),
         Some(Behaviour::Script(list)) => {
             status(list[(seen - 1).min(list.len() - 1)]).into_response()
         }
