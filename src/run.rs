@@ -63,7 +63,10 @@ pub struct RunArgs {
     /// Address of the ingest API. Port 0 picks a free port (see --ready-file).
     #[arg(long, env = "HERALD_LISTEN", default_value = "127.0.0.1:8080")]
     listen: SocketAddr,
-    /// Bearer token producers must send (standalone mode); no token means no check.
+    /// Bearer token every API call must carry in standalone mode: publishing, reading
+    /// attempts, replay and enable (/healthz and /readyz need none). No token means no
+    /// check. Prefer the environment variable: a flag shows in the process list. Cluster
+    /// mode ignores it and asks Kubernetes (TokenReview, SubjectAccessReview).
     #[arg(long, env = "HERALD_PUBLISH_TOKEN", hide_env_values = true)]
     publish_token: Option<String>,
     /// CIDR the egress guard lets herald deliver to although it is private, loopback or
@@ -89,7 +92,9 @@ pub struct RunArgs {
         default_value_t = 1_000_000
     )]
     namespace_max_pending: u64,
-    /// How long attempt history and finished deliveries are kept, in hours.
+    /// How long attempt history, delivered deliveries and the ids of finished events are
+    /// kept, in hours (a repeated event id is recognised for this long). Dead letters are
+    /// kept until replayed or their subscription is removed; their history is pruned.
     #[arg(long, env = "HERALD_HISTORY_RETENTION_HOURS", default_value_t = 168)]
     history_retention_hours: u64,
     /// Largest accepted event body, in bytes.

@@ -169,8 +169,9 @@ async fn wait_status_field(cp: &ControlPlane, ns: &str, name: &str, path: &str, 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn operator_end_to_end() {
+    // None only with HERALD_SKIP_CONTROL_PLANE=1, which the test command names as a skip.
     let Some(cp) = ControlPlane::start() else {
-        panic!("this test needs the control plane");
+        return;
     };
     let receiver = Receiver::start().await;
     let herald = Operator::start(&cp, &["--status-interval-seconds", "2"]).await;
@@ -803,8 +804,9 @@ async fn status_writes_are_coalesced(cp: &ControlPlane, herald: &Operator, recei
 /// answered 500 like the target) is still retried while the target never is again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unregister_through_the_cluster() {
+    // None only with HERALD_SKIP_CONTROL_PLANE=1, which the test command names as a skip.
     let Some(cp) = ControlPlane::start() else {
-        panic!("this test needs the control plane");
+        return;
     };
     let receiver = Receiver::start().await;
     let mut herald = Operator::start(&cp, &[]).await;
@@ -1020,8 +1022,9 @@ fn wait_event_or_gone(cp: &ControlPlane, ns: &str, how: &str) {
 /// lost, and the status catches up once it is back. Then SIGTERM stops herald cleanly.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn api_server_outage() {
+    // None only with HERALD_SKIP_CONTROL_PLANE=1, which the test command names as a skip.
     let Some(cp) = ControlPlane::start() else {
-        panic!("this test needs the control plane");
+        return;
     };
     let receiver = Receiver::start().await;
     let mut herald = Operator::start(&cp, &["--status-interval-seconds", "1"]).await;
@@ -1135,8 +1138,9 @@ async fn api_server_outage() {
 /// the finalizer purged them all; the bound is printed and checked.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn deleting_a_subscription_with_100000_pending_attempts() {
+    // None only with HERALD_SKIP_CONTROL_PLANE=1, which the test command names as a skip.
     let Some(cp) = ControlPlane::start() else {
-        panic!("this test needs the control plane");
+        return;
     };
     let pending: usize = std::env::var("HERALD_TEST_PURGE_PENDING")
         .ok()
