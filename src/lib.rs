@@ -7,6 +7,7 @@ pub mod cli;
 pub mod controller;
 pub mod delivery;
 pub mod ingest;
+pub mod metrics;
 pub mod run;
 pub mod signing;
 pub mod standalone;

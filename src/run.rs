@@ -100,6 +100,17 @@ pub struct RunArgs {
     /// Largest accepted event body, in bytes.
     #[arg(long, env = "HERALD_MAX_BODY_BYTES", default_value_t = ingest::DEFAULT_MAX_BODY)]
     max_body_bytes: usize,
+    /// Log format: text or json.
+    #[arg(long, env = "HERALD_LOG_FORMAT", value_enum, default_value = "text")]
+    log_format: LogFormat,
+    /// Log level or filter (for example info, debug, herald=debug,kube=warn); else RUST_LOG,
+    /// else info. Secrets and payloads are never logged at any level.
+    #[arg(long, env = "HERALD_LOG_LEVEL")]
+    log_level: Option<String>,
+    /// Also export herald_subscription_attempts_total with a subscription label (one series
+    /// per subscription and outcome: mind the cardinality).
+    #[arg(long, env = "HERALD_METRICS_SUBSCRIPTION_LABELS")]
+    metrics_subscription_labels: bool,
     /// Once serving, write the ingest API's address to this file (for scripts and tests);
     /// a second line holds the address of /healthz, /readyz and /metrics when served.
     #[arg(long)]
@@ -108,7 +119,9 @@ pub struct RunArgs {
 
 impl RunArgs {
     fn engine(&self) -> anyhow::Result<Arc<Engine>> {
-        let store = Arc::new(SqliteStore::open(&self.data_dir)?);
+        let store = Arc::new(crate::store::timed::Timed(SqliteStore::open(
+            &self.data_dir,
+        )?));
         let sender = HttpSender::new(EgressPolicy::new(self.egress_allow.clone()))?;
         Ok(Engine::new(
             store,
@@ -123,14 +136,33 @@ impl RunArgs {
     }
 }
 
-fn init_logging() {
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
-    let _ = tracing_subscriber::fmt()
+/// How log lines are written.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum LogFormat {
+    /// One line of text per event.
+    #[default]
+    Text,
+    /// One JSON object per event, with the fields of its spans (for log collectors).
+    Json,
+}
+
+/// Logs go to standard error. The level comes from `level` (a tracing filter such as
+/// `info` or `herald=debug`), else RUST_LOG, else info.
+fn init_logging(format: LogFormat, level: Option<&str>) {
+    let filter = level
+        .and_then(|l| EnvFilter::try_new(l).ok())
+        .or_else(|| EnvFilter::try_from_default_env().ok())
+        .unwrap_or_else(|| EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
+        .with_writer(std::io::stderr);
+    let _ = match format {
+        LogFormat::Json => builder.json().with_current_span(true).try_init(),
         // Colour only for a person at a terminal, never into log files.
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .try_init();
+        LogFormat::Text => builder
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+            .try_init(),
+    };
 }
 
 fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
@@ -140,7 +172,10 @@ fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
 }
 
 pub fn run(args: RunArgs) -> anyhow::Result<()> {
-    init_logging();
+    init_logging(args.log_format, args.log_level.as_deref());
+    if args.metrics_subscription_labels {
+        crate::metrics::get().enable_subscription_labels();
+    }
     if !args.standalone {
         return runtime()?.block_on(run_cluster(args));
     }
@@ -181,6 +216,26 @@ impl Readiness {
 /// /healthz (the process serves) and /readyz (the store is open and, in cluster mode, the
 /// caches have their first full list).
 fn health_router(readiness: Arc<Readiness>) -> axum::Router {
+    health_routes(readiness)
+}
+
+/// /healthz, /readyz and /metrics: what the metrics port serves.
+fn metrics_router(readiness: Arc<Readiness>, engine: Arc<Engine>) -> axum::Router {
+    health_routes(readiness).route(
+        "/metrics",
+        axum::routing::get(move || async move {
+            (
+                [(
+                    axum::http::header::CONTENT_TYPE,
+                    "text/plain; version=0.0.4; charset=utf-8",
+                )],
+                crate::metrics::render(&engine.metrics_snapshot()),
+            )
+        }),
+    )
+}
+
+fn health_routes(readiness: Arc<Readiness>) -> axum::Router {
     axum::Router::new()
         .route("/healthz", axum::routing::get(|| async { "ok" }))
         .route(
@@ -239,7 +294,9 @@ async fn run_cluster(args: RunArgs) -> anyhow::Result<()> {
         .await
         .with_context(|| format!("listening on {health_address}"))?;
     let health_address = health.local_addr()?;
-    tokio::spawn(axum::serve(health, health_router(readiness.clone())).into_future());
+    tokio::spawn(
+        axum::serve(health, metrics_router(readiness.clone(), engine.clone())).into_future(),
+    );
 
     // Subscriptions deleted while herald was down are purged before anything is dispatched;
     // until the API server answers, nothing is.
@@ -364,7 +421,9 @@ async fn run_standalone(args: RunArgs, config_dir: PathBuf) -> anyhow::Result<()
             .await
             .with_context(|| format!("listening on {health_address}"))?;
         announced.push(health.local_addr()?);
-        tokio::spawn(axum::serve(health, health_router(readiness.clone())).into_future());
+        tokio::spawn(
+            axum::serve(health, metrics_router(readiness.clone(), engine.clone())).into_future(),
+        );
     }
     if let Some(path) = &args.ready_file {
         write_ready_file(path, &announced)?;
@@ -414,7 +473,7 @@ pub struct ReceiveArgs {
 }
 
 pub fn receive(args: ReceiveArgs) -> anyhow::Result<()> {
-    init_logging();
+    init_logging(LogFormat::Text, None);
     let scheme: SigningScheme = args.scheme.into();
     let signer = Arc::new(Signer::new(
         scheme,

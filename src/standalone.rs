@@ -384,7 +384,7 @@ impl FolderSync {
             .collect();
         for key in gone {
             if let Some(uid) = self.known.get(&key).cloned() {
-                let purged = self.engine.remove(&uid).await?;
+                let purged = self.engine.remove(&key.0, &uid).await?;
                 self.known.remove(&key);
                 self.applied.remove(&key);
                 tracing::info!(namespace = %key.0, subscription = %key.1, purged, "subscription removed; its pending attempts are purged");

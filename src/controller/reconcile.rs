@@ -33,6 +33,16 @@ pub struct Context {
 }
 
 pub async fn reconcile(obj: Arc<WebhookSubscription>, ctx: Arc<Context>) -> Result<Action> {
+    let metrics = crate::metrics::get();
+    let timer = metrics.reconcile_duration.start_timer();
+    let result = reconcile_finalized(obj, ctx).await;
+    timer.observe_duration();
+    let label = if result.is_ok() { "ok" } else { "error" };
+    metrics.reconciles.with_label_values(&[label]).inc();
+    result
+}
+
+async fn reconcile_finalized(obj: Arc<WebhookSubscription>, ctx: Arc<Context>) -> Result<Action> {
     let namespace = obj
         .namespace()
         .ok_or(Error::Invalid("object without namespace"))?;
@@ -161,7 +171,7 @@ async fn cleanup(obj: &WebhookSubscription, ctx: &Context) -> Result<Action> {
     let uid = obj.uid().ok_or(Error::Invalid("object without uid"))?;
     let namespace = obj.namespace().unwrap_or_default();
     let name = obj.name_any();
-    let purged = ctx.engine.remove(&uid).await?;
+    let purged = ctx.engine.remove(&namespace, &uid).await?;
     tracing::info!(namespace = %namespace, subscription = %name, purged, "subscription deleted; its pending attempts are purged");
     ctx.status
         .announce(

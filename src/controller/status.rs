@@ -6,7 +6,6 @@
 //! outcome changes the status.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -58,7 +57,6 @@ pub struct StatusWriter {
     recorder: Recorder,
     interval: Duration,
     book: Mutex<Book>,
-    writes: AtomicU64,
 }
 
 fn reference(namespace: &str, name: &str, uid: &str) -> ObjectReference {
@@ -84,17 +82,11 @@ impl StatusWriter {
             engine,
             interval,
             book: Mutex::new(Book::default()),
-            writes: AtomicU64::new(0),
         })
     }
 
     fn book(&self) -> MutexGuard<'_, Book> {
         self.book.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// Status writes made so far (for logs and metrics).
-    pub fn writes(&self) -> u64 {
-        self.writes.load(Ordering::Relaxed)
     }
 
     /// What was known of the subscription before this reconcile (None the first time).
@@ -201,7 +193,7 @@ impl StatusWriter {
                 return Err(e);
             }
         }
-        self.writes.fetch_add(1, Ordering::Relaxed);
+        crate::metrics::get().status_writes.inc();
         self.mark(uid, |e| {
             e.written = Some(status.clone());
             e.written_at = Some(Instant::now());
@@ -291,9 +283,12 @@ impl StatusWriter {
                         }
                     }
                 }
-                Ok(Notice::Disabled {
-                    namespace, name, ..
-                }) => {
+                Ok(
+                    Notice::Disabled {
+                        namespace, name, ..
+                    }
+                    | Notice::Enabled { namespace, name },
+                ) => {
                     let mut book = self.book();
                     if let Some(uid) = book.by_name.get(&(namespace, name)).cloned()
                         && let Some(entry) = book.entries.get_mut(&uid)

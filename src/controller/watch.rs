@@ -67,7 +67,7 @@ pub async fn purge_deleted_while_down(
             for obj in &page.items {
                 let Some(uid) = obj.uid() else { continue };
                 if obj.meta().deletion_timestamp.is_some() {
-                    deleting.push(uid);
+                    deleting.push((obj.namespace().unwrap_or_default(), uid));
                 } else {
                     present.insert(uid);
                 }
@@ -81,15 +81,15 @@ pub async fn purge_deleted_while_down(
     let mut removed = 0;
     for record in engine.stored_subscriptions().await? {
         if scope.covers(&record.namespace) && !present.contains(&record.uid) {
-            let purged = engine.remove(&record.uid).await?;
+            let purged = engine.remove(&record.namespace, &record.uid).await?;
             tracing::info!(namespace = %record.namespace, subscription = %record.name, purged, "subscription deleted while herald was down; its pending attempts are purged");
             removed += 1;
         }
     }
-    // Objects still held by the finalizer: purged now, the finalizer comes off when the
-    // controller reconciles them.
-    for uid in deleting {
-        engine.remove(&uid).await?;
+    // Objects still held by the finalizer (the loop above purged those the store knew):
+    // fenced now, the finalizer comes off when the controller reconciles them.
+    for (namespace, uid) in deleting {
+        engine.remove(&namespace, &uid).await?;
     }
     Ok(removed)
 }

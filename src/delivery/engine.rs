@@ -12,6 +12,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use serde::Serialize;
 use serde_json::value::RawValue;
 use tokio::sync::{Notify, broadcast};
+use tracing::Instrument;
 
 use super::SubscriptionConfig;
 use super::http::{HttpSender, Target};
@@ -48,6 +49,9 @@ pub enum Notice {
         next: &'static str,
         message: String,
     },
+    /// A disabled subscription was re-enabled.
+    #[serde(rename_all = "camelCase")]
+    Enabled { namespace: String, name: String },
     /// An event was stored with a pending delivery for each of these subscriptions.
     #[serde(rename_all = "camelCase")]
     Published {
@@ -247,10 +251,14 @@ impl Engine {
         Ok(state)
     }
 
-    /// The purge-and-fence for a removed subscription: once this returns, no attempt for it
-    /// starts again. Returns how many unfinished deliveries were purged.
-    pub async fn remove(&self, uid: &str) -> Result<u64, EngineError> {
+    /// The purge-and-fence for a removed subscription of `namespace`: once this returns, no
+    /// attempt for it starts again. Returns how many unfinished deliveries were purged.
+    pub async fn remove(&self, namespace: &str, uid: &str) -> Result<u64, EngineError> {
         let purged = self.store.remove_subscription(uid).await?;
+        crate::metrics::get()
+            .purged
+            .with_label_values(&[namespace])
+            .inc_by(purged);
         let mut inner = self.lock();
         if let Some(config) = inner.subs.remove(uid) {
             inner
@@ -395,6 +403,12 @@ impl Engine {
         // What the store wrote stays counted; the rest is released when `reservation` drops.
         reservation.count -= (result.targets.len() as u64).min(reservation.count);
         drop(reservation);
+        if !result.duplicate {
+            crate::metrics::get()
+                .published
+                .with_label_values(&[namespace])
+                .inc();
+        }
         if !result.targets.is_empty() {
             let mut inner = self.lock();
             for uid in &result.targets {
@@ -468,6 +482,10 @@ impl Engine {
         let state = self.store.set_disabled(&uid, false).await?;
         self.lock().scheduler.wake(&uid);
         self.wakeup.notify_one();
+        let _ = self.notices.send(Notice::Enabled {
+            namespace: namespace.to_string(),
+            name: name.to_string(),
+        });
         Ok(state)
     }
 
@@ -500,6 +518,26 @@ impl Engine {
             }
         });
         tokio::spawn(async move { engine.dispatch().await })
+    }
+
+    /// Pending and in-flight attempts and quota waits per namespace, for `/metrics`.
+    pub fn metrics_snapshot(&self) -> crate::metrics::Snapshot {
+        let inner = self.lock();
+        let mut namespaces: HashMap<&str, (u64, u64, u64)> = HashMap::new();
+        for (namespace, pending) in &inner.pending {
+            namespaces.entry(namespace).or_default().0 = *pending;
+        }
+        for (namespace, in_flight, waits) in inner.scheduler.namespace_stats() {
+            let entry = namespaces.entry(namespace).or_default();
+            entry.1 = in_flight as u64;
+            entry.2 = waits;
+        }
+        crate::metrics::Snapshot {
+            namespaces: namespaces
+                .into_iter()
+                .map(|(ns, (p, f, w))| (ns.to_string(), p, f, w))
+                .collect(),
+        }
     }
 
     /// For a graceful stop: no attempt starts from now on; waits until those on the wire
@@ -603,6 +641,14 @@ impl Engine {
             }
         };
 
+        // One span per attempt: who and which event, never the secret or the payload.
+        let span = tracing::info_span!(
+            "attempt",
+            namespace = %config.namespace,
+            subscription = %config.name,
+            event_id = %claimed.event_id,
+            attempt = claimed.attempt,
+        );
         let result = match &config.signer {
             Some(signer) => {
                 let target = Target {
@@ -611,7 +657,10 @@ impl Engine {
                     timeout: config.timeout,
                     headers: &config.headers,
                 };
-                self.sender.send(&target, &claimed).await
+                self.sender
+                    .send(&target, &claimed)
+                    .instrument(span.clone())
+                    .await
             }
             // The store holds a subscription without a signer as paused; this is a race
             // with a configuration change. Nothing was sent: try again later.
@@ -621,6 +670,7 @@ impl Engine {
                 retry_after: None,
                 latency: Duration::ZERO,
                 message: config.not_ready.clone().unwrap_or_default(),
+                refused: false,
             },
         };
 
@@ -654,8 +704,19 @@ impl Engine {
         let completion = self
             .store
             .complete(claimed.delivery_id, record.clone(), next)
+            .instrument(span.clone())
             .await;
+        span.in_scope(|| {
+            tracing::debug!(
+                outcome = result.outcome.as_str(),
+                status = result.status,
+                latency_ms = record.latency_ms,
+                next = ?next,
+                "attempt finished"
+            )
+        });
 
+        record_metrics(&config, &result, next, completion.as_ref().ok());
         let mut inner = self.lock();
         inner.scheduler.release(uid, &config.namespace);
         match &completion {
@@ -696,6 +757,50 @@ impl Engine {
                 name: config.name.clone(),
                 consecutive_failures: done.consecutive_failures,
             });
+        }
+    }
+}
+
+/// Counts a finished attempt in herald's metrics.
+fn record_metrics(
+    config: &SubscriptionConfig,
+    result: &super::http::AttemptResult,
+    next: Next,
+    completion: Option<&store::Completion>,
+) {
+    let metrics = crate::metrics::get();
+    let namespace = config.namespace.as_str();
+    let outcome = if result.refused {
+        "refused"
+    } else {
+        match result.outcome {
+            Outcome::Accepted => "accepted",
+            Outcome::Transient => "transient",
+            Outcome::Terminal => "terminal",
+        }
+    };
+    metrics
+        .attempts
+        .with_label_values(&[namespace, outcome])
+        .inc();
+    if metrics.subscription_labels() {
+        metrics
+            .subscription_attempts
+            .with_label_values(&[namespace, config.name.as_str(), outcome])
+            .inc();
+    }
+    if !result.refused && config.signer.is_some() {
+        metrics
+            .attempt_duration
+            .with_label_values(&[namespace])
+            .observe(result.latency.as_secs_f64());
+    }
+    if let Some(done) = completion {
+        if done.recorded && next == Next::DeadLetter {
+            metrics.dead_letters.with_label_values(&[namespace]).inc();
+        }
+        if done.disabled_now {
+            metrics.auto_disabled.with_label_values(&[namespace]).inc();
         }
     }
 }

@@ -34,6 +34,8 @@ pub struct AttemptResult {
     pub latency: Duration,
     /// Response excerpt, or what went wrong.
     pub message: String,
+    /// The egress guard refused the address: nothing was sent.
+    pub refused: bool,
 }
 
 #[derive(Clone)]
@@ -68,10 +70,14 @@ impl HttpSender {
             retry_after,
             latency: started.elapsed(),
             message,
+            refused: false,
         };
 
         if let Some(refused) = self.refused_literal(target.url) {
-            return result(Outcome::Terminal, None, None, refused.to_string());
+            return AttemptResult {
+                refused: true,
+                ..result(Outcome::Terminal, None, None, refused.to_string())
+            };
         }
 
         let now = crate::signing::unix_now();
@@ -110,7 +116,10 @@ impl HttpSender {
             Ok(response) => response,
             Err(error) => {
                 return match egress_refusal(&error) {
-                    Some(reason) => result(Outcome::Terminal, None, None, reason),
+                    Some(reason) => AttemptResult {
+                        refused: true,
+                        ..result(Outcome::Terminal, None, None, reason)
+                    },
                     None => result(
                         Outcome::Transient,
                         None,

@@ -32,6 +32,8 @@ struct Namespace {
     ready: VecDeque<String>,
     /// Listed in the round-robin of namespaces.
     listed: bool,
+    /// Times a lane queued while the namespace was at its quota (for metrics).
+    quota_waits: u64,
 }
 
 #[derive(Debug)]
@@ -65,6 +67,7 @@ impl Scheduler {
                 in_flight: 0,
                 ready: VecDeque::new(),
                 listed: false,
+                quota_waits: 0,
             })
     }
 
@@ -141,7 +144,11 @@ impl Scheduler {
         }
         lane.queued = true;
         let namespace = lane.namespace.clone();
-        self.namespace(&namespace).ready.push_back(uid.to_string());
+        let ns = self.namespace(&namespace);
+        ns.ready.push_back(uid.to_string());
+        if ns.in_flight >= ns.limit {
+            ns.quota_waits += 1;
+        }
         self.relist(&namespace);
     }
 
@@ -198,6 +205,14 @@ impl Scheduler {
         }
         self.enqueue(uid);
         self.relist(namespace);
+    }
+
+    /// Per namespace: its name, attempts in flight, and how often a lane queued while the
+    /// namespace was at its quota.
+    pub fn namespace_stats(&self) -> impl Iterator<Item = (&str, u32, u64)> {
+        self.namespaces
+            .iter()
+            .map(|(name, ns)| (name.as_str(), ns.in_flight, ns.quota_waits))
     }
 
     pub fn in_flight(&self) -> u32 {

@@ -14,6 +14,7 @@
 pub mod sqlite;
 #[cfg(test)]
 pub(crate) mod suite;
+pub mod timed;
 
 use async_trait::async_trait;
 use serde::Serialize;

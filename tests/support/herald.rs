@@ -14,6 +14,8 @@ pub struct Herald {
     child: Option<Child>,
     pub dir: PathBuf,
     pub base: String,
+    /// /healthz, /readyz and /metrics when started with `--metrics-listen`.
+    pub metrics: Option<String>,
     args: Vec<String>,
     http: reqwest::Client,
     /// The --publish-token, sent on every API call.
@@ -127,6 +129,7 @@ impl Herald {
             child: None,
             dir,
             base: String::new(),
+            metrics: None,
             args: args.iter().map(|s| s.to_string()).collect(),
             http: reqwest::Client::new(),
             token: args
@@ -183,7 +186,10 @@ impl Herald {
                 if self.hangup_at_ready {
                     self.hangup();
                 }
-                self.base = format!("http://{address}");
+                // Line 1: the ingest API; line 2, with --metrics-listen: the metrics port.
+                let mut lines = address.lines();
+                self.base = format!("http://{}", lines.next().unwrap_or_default());
+                self.metrics = lines.next().map(|a| format!("http://{a}"));
                 return;
             }
             if let Some(status) = self.child.as_mut().unwrap().try_wait().unwrap() {

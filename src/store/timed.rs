@@ -1,0 +1,80 @@
+//! A [`Store`] wrapper that times every operation into
+//! `herald_store_operation_duration_seconds{operation}`, for any backend.
+
+use std::future::Future;
+
+use async_trait::async_trait;
+
+use super::*;
+
+pub struct Timed<S>(pub S);
+
+async fn timed<T>(operation: &str, work: impl Future<Output = T>) -> T {
+    let timer = crate::metrics::get()
+        .store_duration
+        .with_label_values(&[operation])
+        .start_timer();
+    let out = work.await;
+    timer.observe_duration();
+    out
+}
+
+#[async_trait]
+impl<S: Store> Store for Timed<S> {
+    async fn upsert_subscription(&self, sub: SubscriptionRecord) -> Result<SubscriptionState> {
+        timed("upsert_subscription", self.0.upsert_subscription(sub)).await
+    }
+    async fn remove_subscription(&self, uid: &str) -> Result<u64> {
+        timed("remove_subscription", self.0.remove_subscription(uid)).await
+    }
+    async fn set_disabled(&self, uid: &str, disabled: bool) -> Result<SubscriptionState> {
+        timed("set_disabled", self.0.set_disabled(uid, disabled)).await
+    }
+    async fn subscription_state(&self, uid: &str) -> Result<Option<SubscriptionState>> {
+        timed("subscription_state", self.0.subscription_state(uid)).await
+    }
+    async fn live_subscriptions(&self) -> Result<Vec<SubscriptionRecord>> {
+        timed("live_subscriptions", self.0.live_subscriptions()).await
+    }
+    async fn publish(&self, event: NewEvent, targets: Vec<String>) -> Result<PublishResult> {
+        timed("publish", self.0.publish(event, targets)).await
+    }
+    async fn claim_next(&self, uid: &str, now_ms: i64) -> Result<Claim> {
+        timed("claim_next", self.0.claim_next(uid, now_ms)).await
+    }
+    async fn complete(
+        &self,
+        delivery_id: i64,
+        attempt: AttemptRecord,
+        next: Next,
+    ) -> Result<Completion> {
+        timed("complete", self.0.complete(delivery_id, attempt, next)).await
+    }
+    async fn recover_in_flight(&self, now_ms: i64) -> Result<u64> {
+        timed("recover_in_flight", self.0.recover_in_flight(now_ms)).await
+    }
+    async fn pending_by_subscription(&self) -> Result<Vec<(String, String, u64)>> {
+        timed("pending_by_subscription", self.0.pending_by_subscription()).await
+    }
+    async fn list_deliveries(
+        &self,
+        uid: &str,
+        filter: StateFilter,
+        limit: u32,
+    ) -> Result<Vec<DeliveryView>> {
+        timed(
+            "list_deliveries",
+            self.0.list_deliveries(uid, filter, limit),
+        )
+        .await
+    }
+    async fn attempts(&self, uid: &str, event_id: &str) -> Result<Vec<AttemptRecord>> {
+        timed("attempts", self.0.attempts(uid, event_id)).await
+    }
+    async fn replay(&self, uid: &str, event_ids: Option<Vec<String>>, now_ms: i64) -> Result<u64> {
+        timed("replay", self.0.replay(uid, event_ids, now_ms)).await
+    }
+    async fn prune(&self, older_than_ms: i64) -> Result<u64> {
+        timed("prune", self.0.prune(older_than_ms)).await
+    }
+}

@@ -1,0 +1,291 @@
+//! `/metrics` on the metrics port: after deliveries of every outcome (delivered, retried,
+//! dead, refused by the egress guard, purged) each counter and histogram moved by exactly
+//! what happened, and the exposition parses with the Prometheus project's own Python parser
+//! (`prometheus_client`, from PyPI; scripts/test puts its virtualenv first on PATH).
+
+mod support;
+
+use std::collections::HashMap;
+use std::io::Write;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use support::herald::{Herald, secret, subscription};
+use support::receiver::{Behaviour, Receiver};
+
+const NS: &str = "metered";
+
+/// A sample's labels, sorted by name.
+type Labels = Vec<(String, String)>;
+/// Every sample of a scrape: (name, labels) → value.
+type Samples = HashMap<(String, Labels), f64>;
+
+/// Parses an exposition with prometheus_client; returns (name, labels) → value.
+fn parse(exposition: &str) -> Samples {
+    let script = r#"
+import json, sys
+from prometheus_client.parser import text_string_to_metric_families
+out = []
+for family in text_string_to_metric_families(sys.stdin.read()):
+    for s in family.samples:
+        out.append([s.name, sorted(s.labels.items()), s.value])
+print(json.dumps(out))
+"#;
+    let python = std::env::var("HERALD_PYTHON").unwrap_or_else(|_| "python3".into());
+    let mut child = Command::new(&python)
+        .arg("-c")
+        .arg(script)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("running {python}: {e}"));
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(exposition.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "prometheus_client could not parse the exposition (is the .venv of scripts/test on PATH?): {}\n{exposition}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let samples: Vec<(String, Labels, f64)> = serde_json::from_slice(&out.stdout).unwrap();
+    samples
+        .into_iter()
+        .map(|(name, labels, value)| ((name, labels), value))
+        .collect()
+}
+
+async fn scrape(herald: &Herald) -> Samples {
+    let url = format!(
+        "{}/metrics",
+        herald.metrics.as_ref().expect("--metrics-listen")
+    );
+    let response = reqwest::get(&url).await.unwrap();
+    assert_eq!(response.status().as_u16(), 200);
+    let content_type = response.headers()["content-type"]
+        .to_str()
+        .unwrap()
+        .to_string();
+    assert!(
+        content_type.starts_with("text/plain; version=0.0.4"),
+        "{content_type}"
+    );
+    parse(&response.text().await.unwrap())
+}
+
+fn value(samples: &Samples, name: &str, labels: &[(&str, &str)]) -> f64 {
+    let mut labels: Vec<(String, String)> = labels
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    labels.sort();
+    samples
+        .get(&(name.to_string(), labels))
+        .copied()
+        .unwrap_or(0.0)
+}
+
+fn manifests(receiver: &Receiver, with_bulk: bool) -> Vec<Value> {
+    let fast = json!({"disableAfterConsecutiveFailures": 0, "delivery": {"retry": {"initialBackoff": "10ms", "maxBackoff": "20ms"}}});
+    let mut list = vec![
+        secret(NS),
+        subscription(NS, "ok", &receiver.url("/ok"), &["ok"], fast.clone()),
+        subscription(
+            NS,
+            "retry",
+            &receiver.url("/retry"),
+            &["retry"],
+            fast.clone(),
+        ),
+        subscription(
+            NS,
+            "dead",
+            &receiver.url("/dead"),
+            &["dead"],
+            json!({"disableAfterConsecutiveFailures": 1}),
+        ),
+        // 10.0.0.1 is private: the egress guard refuses it (only 127.0.0.0/8 is allowed).
+        subscription(NS, "refused", "http://10.0.0.1/hook", &["refused"], fast),
+    ];
+    if with_bulk {
+        list.push(subscription(
+            NS,
+            "bulk",
+            &receiver.url("/bulk"),
+            &["bulk"],
+            json!({"paused": true}),
+        ));
+    }
+    list
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_count_exactly_what_happened() {
+    let receiver = Receiver::start().await;
+    receiver.set("/retry", Behaviour::Script(vec![503, 204]));
+    receiver.set("/dead", Behaviour::Status(404));
+    let herald = Herald::start(
+        &manifests(&receiver, true),
+        &[
+            "--egress-allow",
+            "127.0.0.0/8",
+            "--metrics-listen",
+            "127.0.0.1:0",
+        ],
+    );
+    let before = scrape(&herald).await;
+
+    for kind in ["ok", "retry", "dead", "refused", "bulk", "bulk", "bulk"] {
+        herald.publish(NS, json!({"type": kind})).await;
+    }
+    // A repeated id is one published event.
+    herald
+        .publish(NS, json!({"id": "same", "type": "none"}))
+        .await;
+    herald
+        .publish(NS, json!({"id": "same", "type": "none"}))
+        .await;
+    receiver
+        .wait_until("every delivery", Duration::from_secs(30), |hits| {
+            let n = |p: &str| hits.iter().filter(|h| h.path == p).count();
+            n("/ok") == 1 && n("/retry") == 2 && n("/dead") == 1
+        })
+        .await;
+    for name in ["ok", "retry", "dead", "refused"] {
+        herald
+            .poll(
+                &format!("{name} to settle"),
+                &format!("/v1/namespaces/{NS}/subscriptions/{name}/attempts?state=pending"),
+                Duration::from_secs(30),
+                |status, body| {
+                    status == 200 && body["items"].as_array().is_some_and(|i| i.is_empty())
+                },
+            )
+            .await;
+    }
+    let pending = scrape(&herald).await;
+    assert_eq!(
+        value(&pending, "herald_pending_attempts", &[("namespace", NS)]),
+        3.0,
+        "3 wait for the paused subscription"
+    );
+
+    herald.write_config(&manifests(&receiver, false));
+    herald.wait_removed(NS, "bulk").await;
+    let after = scrape(&herald).await;
+
+    let delta = |name: &str, labels: &[(&str, &str)]| {
+        value(&after, name, labels) - value(&before, name, labels)
+    };
+    let ns = ("namespace", NS);
+    assert_eq!(
+        delta("herald_attempts_total", &[ns, ("outcome", "accepted")]),
+        2.0
+    );
+    assert_eq!(
+        delta("herald_attempts_total", &[ns, ("outcome", "transient")]),
+        1.0
+    );
+    assert_eq!(
+        delta("herald_attempts_total", &[ns, ("outcome", "terminal")]),
+        1.0
+    );
+    assert_eq!(
+        delta("herald_attempts_total", &[ns, ("outcome", "refused")]),
+        1.0
+    );
+    // Requests actually sent: ok, retry twice, dead.
+    assert_eq!(delta("herald_attempt_duration_seconds_count", &[ns]), 4.0);
+    assert!(delta("herald_attempt_duration_seconds_sum", &[ns]) > 0.0);
+    assert_eq!(
+        delta("herald_dead_letters_total", &[ns]),
+        2.0,
+        "dead and refused"
+    );
+    assert_eq!(
+        delta("herald_auto_disabled_total", &[ns]),
+        1.0,
+        "dead disables after 1 failure"
+    );
+    assert_eq!(delta("herald_purged_attempts_total", &[ns]), 3.0);
+    assert_eq!(
+        delta("herald_events_published_total", &[ns]),
+        8.0,
+        "7 events and one id twice"
+    );
+    assert_eq!(value(&after, "herald_pending_attempts", &[ns]), 0.0);
+    assert_eq!(value(&after, "herald_in_flight_attempts", &[ns]), 0.0);
+    assert_eq!(
+        delta(
+            "herald_store_operation_duration_seconds_count",
+            &[("operation", "publish")]
+        ),
+        9.0
+    );
+    assert_eq!(
+        delta(
+            "herald_store_operation_duration_seconds_count",
+            &[("operation", "remove_subscription")]
+        ),
+        1.0
+    );
+    // Histogram buckets are cumulative and end in +Inf = count.
+    assert_eq!(
+        value(
+            &after,
+            "herald_attempt_duration_seconds_bucket",
+            &[ns, ("le", "+Inf")]
+        ),
+        value(&after, "herald_attempt_duration_seconds_count", &[ns])
+    );
+    // No per-subscription series without --metrics-subscription-labels.
+    assert!(
+        !after
+            .keys()
+            .any(|(name, _)| name.starts_with("herald_subscription_"))
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn per_subscription_labels_only_behind_the_flag() {
+    let receiver = Receiver::start().await;
+    let herald = Herald::start(
+        &[
+            secret(NS),
+            subscription(NS, "ok", &receiver.url("/ok"), &["ok"], json!({})),
+        ],
+        &[
+            "--egress-allow",
+            "127.0.0.0/8",
+            "--metrics-listen",
+            "127.0.0.1:0",
+            "--metrics-subscription-labels",
+        ],
+    );
+    herald.publish(NS, json!({"type": "ok"})).await;
+    receiver
+        .wait_until("the delivery", Duration::from_secs(30), |h| h.len() == 1)
+        .await;
+    let end = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let samples = scrape(&herald).await;
+        let labels = [
+            ("namespace", NS),
+            ("subscription", "ok"),
+            ("outcome", "accepted"),
+        ];
+        if value(&samples, "herald_subscription_attempts_total", &labels) == 1.0 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < end,
+            "no per-subscription series"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
