@@ -103,7 +103,7 @@ class Receiver:
 
 
 class Herald:
-    def __init__(self, binary, kubeconfig, directory):
+    def __init__(self, binary, kubeconfig, directory, *extra):
         self.dir = directory
         self.ready = directory / "ready"
         self.log_path = directory / "herald.log"
@@ -114,7 +114,7 @@ class Herald:
             [binary, "run", "--kubeconfig", kubeconfig, "--data-dir", directory / "data",
              "--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0",
              "--egress-allow", "127.0.0.0/8", "--status-interval-seconds", "1",
-             "--ready-file", self.ready],
+             "--ready-file", self.ready, *extra],
             stdout=self.log, stderr=subprocess.STDOUT, env=env)
 
         def serving():
@@ -361,3 +361,32 @@ def test_only_herald_publisher_lets_a_producer_publish_through_herald(installed,
     enables = {who: herald.call("POST", url + "/enable", token)[0] for who, token in tokens.items()}
     assert enables["viewer"] == 403 and enables["publisher"] == 403 and enables["nobody"] == 403
     assert enables["editor"] == 200, enables
+
+
+# ---- narrowed to namespaces ---------------------------------------------------------------
+
+def test_watch_namespaces_rights_suffice_and_stop_at_those_namespaces(installed, herald, receiver, tmp_path):
+    """With watchNamespaces herald's rights are Roles in those namespaces: enough for herald
+    started with --watch-namespace, and nothing in other namespaces."""
+    cp = installed
+    herald.stop()  # one herald per store and ServiceAccount at a time
+    cp.helm("upgrade", "herald", CHART, "--namespace", "herald-system", "--set", "watchNamespaces={shop}")
+    assert not can_i(cp, "list", "secrets", "other")
+    assert not can_i(cp, "list", "secrets", None)
+    assert not can_i(cp, "list", "webhooksubscriptions.herald.dev", None)
+    assert can_i(cp, "list", "secrets", "shop")
+    kubeconfig = cp.token_kubeconfig(tmp_path / "kubeconfig", cp.token("herald-system", "herald"))
+    narrowed = Herald(herald_binary(), kubeconfig, tmp_path, "--watch-namespace", "shop")
+    try:
+        cp.apply(subscription("narrow", receiver.url + "/hooks/narrow"))
+        cp.kubectl("wait", "--for=condition=Ready", "webhooksubscription/narrow", "-n", "shop", "--timeout=60s")
+        token = cp.token("shop", "producer")
+        before = len(receiver.received)
+        wait_until("a publish", lambda: narrowed.publish(token, "shop", data={"n": 2})[0] == 202, timeout=30)
+        wait_until("the delivery", lambda: any(p == "/hooks/narrow" for p, _, _ in receiver.received[before:]),
+                   timeout=30)
+        cp.kubectl("delete", "webhooksubscription", "narrow", "-n", "shop", "--timeout=60s")
+        log = narrowed.logs()
+        assert "forbidden" not in log.lower(), log
+    finally:
+        narrowed.stop()
