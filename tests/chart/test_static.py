@@ -322,7 +322,9 @@ def test_config_manager_runs_herald_as_the_chart_does():
 
 def test_config_crds_are_the_generated_ones():
     for crd in sorted((REPO / "crds").glob("*.yaml")):
-        assert (REPO / "config" / "crd" / crd.name).read_bytes() == crd.read_bytes(), crd.name
+        assert (REPO / "config" / "crd" / crd.name).read_bytes() == crd.read_bytes(), (
+            f"config/crd/{crd.name} differs from crds/{crd.name}: copy it (cp crds/*.yaml config/crd/); "
+            "kustomize loads no file from outside config/")
     crds = [o["metadata"]["name"] for o in kustomize(REPO / "config" / "default")
             if o["kind"] == "CustomResourceDefinition"]
     assert sorted(crds) == sorted(p.stem for p in (REPO / "crds").glob("*.yaml"))
