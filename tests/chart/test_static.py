@@ -321,9 +321,11 @@ def test_config_manager_runs_herald_as_the_chart_does():
 
 
 def test_config_crds_are_the_generated_ones():
+    bases = sorted(p.name for p in (REPO / "config" / "crd" / "bases").iterdir())
+    assert bases == sorted(p.name for p in (REPO / "crds").glob("*.yaml"))
     for crd in sorted((REPO / "crds").glob("*.yaml")):
-        assert (REPO / "config" / "crd" / crd.name).read_bytes() == crd.read_bytes(), (
-            f"config/crd/{crd.name} differs from crds/{crd.name}: copy it (cp crds/*.yaml config/crd/); "
+        assert (REPO / "config" / "crd" / "bases" / crd.name).read_bytes() == crd.read_bytes(), (
+            f"config/crd/bases/{crd.name} differs from crds/{crd.name}: copy it (cp crds/*.yaml config/crd/bases/); "
             "kustomize loads no file from outside config/")
     crds = [o["metadata"]["name"] for o in kustomize(REPO / "config" / "default")
             if o["kind"] == "CustomResourceDefinition"]
