@@ -205,6 +205,18 @@ def test_all_options_reach_the_objects():
     assert netpol["policyTypes"] == ["Ingress", "Egress"]
 
 
+def test_large_numbers_reach_herald_as_integers(tmp_path):
+    """Helm reads numbers of a values file as floats; 1000000 must not reach herald as "1e+06"."""
+    values = tmp_path / "large.yaml"
+    values.write_text("delivery: {maxInFlight: 1000000, historyRetentionHours: 8760000}\n"
+                      "defaultQuota: {maxPendingAttempts: 50000000}\n")
+    objects = render("-f", values)
+    env = env_of(find(objects, "Deployment", "herald")["spec"]["template"]["spec"]["containers"][0])
+    assert env["HERALD_MAX_IN_FLIGHT"] == "1000000"
+    assert env["HERALD_NAMESPACE_MAX_PENDING"] == "50000000"
+    assert env["HERALD_HISTORY_RETENTION_HOURS"] == "8760000"
+
+
 def test_existing_claim_replaces_the_chart_claim():
     objects = render("--set", "store.existingClaim=kept")
     assert not [o for o in objects if o["kind"] == "PersistentVolumeClaim"]
