@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use herald::api::crdgen;
 use serde_json::Value;
 
-const COPIES: &[&str] = &["crds", "charts/herald/crds"];
+const COPIES: &[&str] = &["crds", "charts/herald/crds", "config/crd/bases"];
 const REGENERATE: &str = "cargo test --test crds -- --ignored regenerate_crds";
 
 fn root() -> &'static Path {

@@ -73,7 +73,7 @@ def test_upgrade_with_changed_values(cp, release):
             "--set", "log.level=debug", "--set", "defaultQuota.maxInFlight=64",
             "--set", "watchNamespaces={team-a}", "--set", "egress.allow={10.20.0.0/16}")
     env = env_of(cp.get_json("deployment", "herald", "-n", "herald-system"))
-    assert env["RUST_LOG"] == "debug"
+    assert env["HERALD_LOG_LEVEL"] == "debug"
     assert env["HERALD_NAMESPACE_MAX_IN_FLIGHT"] == "64"
     assert env["HERALD_WATCH_NAMESPACE"] == "team-a"
     assert env["HERALD_EGRESS_ALLOW"] == "10.20.0.0/16"

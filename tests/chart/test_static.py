@@ -1,6 +1,7 @@
 """The chart, config/ and the Dockerfile without a cluster: lint, the values schema, what
 the templates render, that config/ grants what the chart grants, hadolint and checkov."""
 
+import json
 import os
 import re
 import shutil
@@ -146,7 +147,8 @@ def test_default_deployment_runs_cluster_mode_safely():
     assert env["POD_NAME"] == {"fieldRef": {"fieldPath": "metadata.name"}}
     assert env["HERALD_NAMESPACE_MAX_IN_FLIGHT"] == "256"
     assert env["HERALD_NAMESPACE_MAX_PENDING"] == "1000000"
-    assert env["RUST_LOG"] == "info"
+    assert env["HERALD_LOG_LEVEL"] == "info"
+    assert env["HERALD_LOG_FORMAT"] == "text"
     assert "HERALD_WATCH_NAMESPACE" not in env and "HERALD_EGRESS_ALLOW" not in env
     assert pod["terminationGracePeriodSeconds"] > int(env["HERALD_SHUTDOWN_TIMEOUT_SECONDS"])
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
@@ -203,6 +205,11 @@ def test_all_options_reach_the_objects():
     assert find(objects, "PodDisruptionBudget")["spec"]["maxUnavailable"] == 1
     netpol = find(objects, "NetworkPolicy")["spec"]
     assert netpol["policyTypes"] == ["Ingress", "Egress"]
+    assert env["HERALD_LOG_FORMAT"] == "json"
+    dashboard = find(objects, "ConfigMap")
+    assert dashboard["metadata"]["namespace"] == "team-b"
+    assert dashboard["metadata"]["labels"]["grafana_dashboard"] == "1"
+    assert json.loads(dashboard["data"]["herald.json"])["uid"] == "herald-overview"
 
 
 def test_large_numbers_reach_herald_as_integers(tmp_path):
