@@ -12,6 +12,24 @@
 //! OpenAPI bounds are not re-checked here; the engine clamps lane width and attempts). A
 //! folder that does not parse, or holds an invalid subscription, is not applied at all: a
 //! typo must never look like a deletion and purge pending deliveries.
+//!
+//! What counts as a removal. Editors and configuration tools often write files in place, so
+//! a folder read mid-write must not purge anything. A subscription is removed (purged and
+//! fenced) only when the folder reads cleanly and no longer declares it: its document was
+//! deleted from a file that still holds other documents, or its file was deleted while the
+//! folder still holds at least one manifest file. These are errors that keep the last
+//! configuration (logged, retried on the next change):
+//! - a manifest file that holds no document (empty, truncated to nothing, only comments or
+//!   `---`): delete the file instead;
+//! - a `.yaml`/`.yml`/`.json` symlink that does not resolve (a half-switched link farm, an
+//!   unmounted volume);
+//! - a file that cannot be read or is not UTF-8 (the error names the file);
+//! - a folder with no manifest file at all while herald runs subscriptions: to remove every
+//!   subscription, leave at least one manifest (a Secret, or any kind herald skips).
+//!
+//! A file truncated exactly at a document boundary still reads as a removal of the
+//! documents after it: write files atomically (write a temporary file, then rename it), as
+//! `kubectl`-style tooling and ConfigMap volume mounts do.
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
@@ -34,6 +52,8 @@ pub struct Manifests {
     pub subscriptions: BTreeMap<Key, WebhookSubscriptionSpec>,
     pub quotas: BTreeMap<Key, Quota>,
     pub secrets: HashMap<Key, HashMap<String, String>>,
+    /// Manifest files the folder holds.
+    pub files: usize,
 }
 
 /// A `WebhookQuota` of the folder, with what decides its age.
@@ -92,12 +112,14 @@ fn namespace_of(doc: &Value) -> String {
         .to_string()
 }
 
+/// The folder's manifest files (`.yaml`, `.yml`, `.json`) in name order, including symlinks
+/// that do not resolve: [`load`] refuses those rather than reading them as removed.
 fn manifest_files(dir: &Path) -> anyhow::Result<Vec<PathBuf>> {
     let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
         .map_err(|e| anyhow::anyhow!("reading {}: {e}", dir.display()))?
         .filter_map(|entry| entry.ok().map(|e| e.path()))
         .filter(|p| {
-            p.is_file()
+            (p.is_file() || p.is_symlink())
                 && matches!(
                     p.extension().and_then(|e| e.to_str()),
                     Some("yaml" | "yml" | "json")
@@ -106,6 +128,24 @@ fn manifest_files(dir: &Path) -> anyhow::Result<Vec<PathBuf>> {
         .collect();
     files.sort();
     Ok(files)
+}
+
+/// Reads one manifest file as text, naming the file in every error.
+fn read_manifest(file: &Path) -> anyhow::Result<String> {
+    let bytes = std::fs::read(file).map_err(|e| {
+        if file.is_symlink() && !file.exists() {
+            anyhow::anyhow!("{}: a symlink that does not resolve", file.display())
+        } else {
+            anyhow::anyhow!("reading {}: {e}", file.display())
+        }
+    })?;
+    String::from_utf8(bytes).map_err(|e| {
+        anyhow::anyhow!(
+            "{}: not UTF-8 text (invalid byte at offset {})",
+            file.display(),
+            e.utf8_error().valid_up_to()
+        )
+    })
 }
 
 /// The YAML parser's budget, sized for a trusted folder that may hold every subscription of
@@ -127,7 +167,11 @@ pub fn fingerprint(dir: &Path) -> anyhow::Result<[u8; 32]> {
     let mut hash = Sha256::new();
     for file in manifest_files(dir)? {
         hash.update(file.to_string_lossy().as_bytes());
-        hash.update(std::fs::read(&file)?);
+        // A file that cannot be read still counts, so the change is noticed and reported.
+        match std::fs::read(&file) {
+            Ok(bytes) => hash.update(bytes),
+            Err(e) => hash.update(format!("\0unreadable\0{e}")),
+        }
     }
     Ok(hash.finalize().into())
 }
@@ -138,10 +182,20 @@ pub fn load(dir: &Path) -> anyhow::Result<Manifests> {
     let mut out = Manifests::default();
     let rules = SubscriptionRules::new();
     for (position, file) in manifest_files(dir)?.into_iter().enumerate() {
-        let text = std::fs::read_to_string(&file)?;
+        out.files += 1;
+        let text = read_manifest(&file)?;
         let docs: Vec<Value> = serde_saphyr::from_multiple_with_options(&text, parse_options())
             .map_err(|e| anyhow::anyhow!("{}: {e}", file.display()))?;
-        for doc in docs.into_iter().filter(|d| !d.is_null()) {
+        let docs: Vec<Value> = docs.into_iter().filter(|d| !d.is_null()).collect();
+        if docs.is_empty() {
+            // What a file being written (or truncated) looks like: never a removal.
+            anyhow::bail!(
+                "{}: holds no manifest (empty or being written?); to remove its manifests, \
+                 delete the file",
+                file.display()
+            );
+        }
+        for doc in docs {
             let kind = doc
                 .get("kind")
                 .and_then(Value::as_str)
@@ -226,6 +280,21 @@ pub fn load(dir: &Path) -> anyhow::Result<Manifests> {
         }
     }
     Ok(out)
+}
+
+/// Refuses an emptied folder while subscriptions are known: a folder with no manifest file
+/// at all is what a half-finished copy or a wrong mount looks like, never a deliberate
+/// removal of everything (that is done by leaving at least one manifest, see the module
+/// documentation).
+fn check_removal(dir: &Path, manifests: &Manifests, known: usize) -> anyhow::Result<()> {
+    if known > 0 && manifests.files == 0 {
+        anyhow::bail!(
+            "{} holds no manifest files; refusing to remove all {known} subscriptions (to remove \
+             every subscription, leave at least one manifest, for example a Secret)",
+            dir.display()
+        );
+    }
+    Ok(())
 }
 
 /// The subscription's secrets, current first, or why they cannot be read.
@@ -339,6 +408,7 @@ impl FolderSync {
     pub async fn apply(&mut self) -> anyhow::Result<()> {
         self.seen = fingerprint(&self.dir).ok();
         let manifests = load(&self.dir)?;
+        check_removal(&self.dir, &manifests, self.known.len())?;
         let mut changed = Vec::new();
         for (key, spec) in &manifests.subscriptions {
             let (namespace, name) = key;
@@ -605,6 +675,52 @@ spec:
             .collect();
         let dir = folder(&[("many.yaml", &text)]);
         assert_eq!(load(&dir).unwrap().secrets.len(), 5000);
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    /// Defect 1: what a half-written configuration looks like must never read as a removal.
+    #[test]
+    fn half_written_folders_are_errors_not_removals() {
+        let good = SUB.replace("URL", "https://example.com/h");
+        // An empty (truncated) file, or one holding only comments and separators.
+        for text in ["", "\n", "---\n", "# nothing yet\n---\n...\n"] {
+            let dir = folder(&[("a.yaml", &good), ("b.yaml", text)]);
+            let e = load(&dir).expect_err(&format!("accepted {text:?}"));
+            assert!(format!("{e:#}").contains("b.yaml"), "{e:#}");
+            let _ = std::fs::remove_dir_all(dir);
+        }
+        // A symlink that does not resolve.
+        let dir = folder(&[("a.yaml", &good)]);
+        std::os::unix::fs::symlink(dir.join("gone.yaml"), dir.join("b.yaml")).unwrap();
+        let e = load(&dir).expect_err("accepted a broken symlink");
+        assert!(format!("{e:#}").contains("b.yaml"), "{e:#}");
+        // It still changes the fingerprint, so the watcher reports it once.
+        assert!(fingerprint(&dir).is_ok());
+        let _ = std::fs::remove_dir_all(dir);
+        // An emptied folder is refused while subscriptions are known; an empty folder on a
+        // first start is fine.
+        let dir = folder(&[]);
+        assert!(load(&dir).unwrap().subscriptions.is_empty());
+        assert!(check_removal(&dir, &load(&dir).unwrap(), 0).is_ok());
+        let e = check_removal(&dir, &load(&dir).unwrap(), 3).expect_err("emptied folder");
+        assert!(format!("{e:#}").contains("no manifest"), "{e:#}");
+        // A folder that still holds a manifest may remove every subscription.
+        let dir2 = folder(&[(
+            "s.yaml",
+            "kind: Secret\nmetadata: {name: s}\nstringData: {k: v}\n",
+        )]);
+        assert!(check_removal(&dir2, &load(&dir2).unwrap(), 3).is_ok());
+        let _ = std::fs::remove_dir_all(dir);
+        let _ = std::fs::remove_dir_all(dir2);
+    }
+
+    /// Defect 9: an undecodable file is named.
+    #[test]
+    fn an_invalid_utf8_file_is_named() {
+        let dir = folder(&[]);
+        std::fs::write(dir.join("bad.yaml"), b"kind: Secret\n\xff\xfe\n").unwrap();
+        let e = load(&dir).expect_err("accepted invalid UTF-8");
+        assert!(format!("{e:#}").contains("bad.yaml"), "{e:#}");
         let _ = std::fs::remove_dir_all(dir);
     }
 
