@@ -308,6 +308,7 @@ impl Engine {
         event_type: &str,
         data: &RawValue,
     ) -> Result<PublishResult, EngineError> {
+        let given = id.is_some();
         let event_id = id.unwrap_or_else(|| format!("evt_{}", uuid::Uuid::now_v7().simple()));
         /// Pending attempts counted for a publish before the store has them; whatever the
         /// store did not write (a duplicate id, a subscription removed meanwhile, a failed
@@ -326,7 +327,7 @@ impl Engine {
         }
         // The maxPendingAttempts check and the reservation are one step under the lock, so
         // concurrent publishes cannot pass the limit together.
-        let (targets, mut reservation) = {
+        let admitted = {
             let mut inner = self.lock();
             let targets: Vec<String> = inner
                 .by_namespace
@@ -344,22 +345,35 @@ impl Engine {
             let pending = inner.pending.get(namespace).copied().unwrap_or(0);
             let more = targets.len() as u64;
             if pending + more > limit {
-                return Err(EngineError::QuotaExceeded {
+                let refusal = EngineError::QuotaExceeded {
                     namespace: namespace.to_string(),
                     pending,
                     more,
                     limit,
-                });
+                };
+                Err(refusal)
+            } else {
+                if more > 0 {
+                    *inner.pending.entry(namespace.to_string()).or_default() += more;
+                }
+                let reservation = Reservation {
+                    engine: self,
+                    namespace,
+                    count: more,
+                };
+                Ok((targets, reservation))
             }
-            if more > 0 {
-                *inner.pending.entry(namespace.to_string()).or_default() += more;
+        };
+        let (targets, mut reservation) = match admitted {
+            Ok(admitted) => admitted,
+            Err(refusal) => {
+                // A producer retrying an accepted event gets its first answer: the id is
+                // looked up before the quota refuses.
+                if given && let Some(first) = self.store.published(namespace, &event_id).await? {
+                    return Ok(first);
+                }
+                return Err(refusal);
             }
-            let reservation = Reservation {
-                engine: self,
-                namespace,
-                count: more,
-            };
-            (targets, reservation)
         };
         #[derive(Serialize)]
         struct Envelope<'a> {

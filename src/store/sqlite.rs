@@ -338,6 +338,9 @@ impl Store for SqliteStore {
                     targets: Vec::new(),
                 });
             }
+            // An event that matches nothing keeps its id (a repeat stays idempotent) but not
+            // its body: nothing will ever send it, and unmatched floods must not fill the disk.
+            let body: &[u8] = if targets.is_empty() { &[] } else { &event.body };
             conn.prepare_cached(
                 "INSERT INTO events (namespace, event_id, event_type, body, published_ms, matched)
                  VALUES (?1, ?2, ?3, ?4, ?5, 0)",
@@ -346,7 +349,7 @@ impl Store for SqliteStore {
                 event.namespace,
                 event.event_id,
                 event.event_type,
-                event.body,
+                body,
                 event.published_ms
             ])?;
             let event_row = conn.last_insert_rowid();
@@ -369,13 +372,38 @@ impl Store for SqliteStore {
                     }
                 }
             }
-            conn.prepare_cached("UPDATE events SET matched = ?2 WHERE id = ?1")?
-                .execute(params![event_row, live.len() as u32])?;
+            if live.is_empty() {
+                conn.prepare_cached("UPDATE events SET body = x'' WHERE id = ?1")?
+                    .execute([event_row])?;
+            } else {
+                conn.prepare_cached("UPDATE events SET matched = ?2 WHERE id = ?1")?
+                    .execute(params![event_row, live.len() as u32])?;
+            }
             Ok(PublishResult {
                 event_id: event.event_id,
                 matched: live.len() as u32,
                 duplicate: false,
                 targets: live,
+            })
+        })
+        .await
+    }
+
+    async fn published(&self, namespace: &str, event_id: &str) -> Result<Option<PublishResult>> {
+        let (namespace, event_id) = (namespace.to_string(), event_id.to_string());
+        self.run(Durability::Relaxed, move |conn| {
+            conn.prepare_cached(
+                "SELECT matched FROM events WHERE namespace = ?1 AND event_id = ?2",
+            )?
+            .query_row(params![namespace, event_id], |r| r.get(0))
+            .optional()
+            .map(|matched: Option<u32>| {
+                matched.map(|matched| PublishResult {
+                    event_id,
+                    matched,
+                    duplicate: true,
+                    targets: Vec::new(),
+                })
             })
         })
         .await
