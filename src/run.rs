@@ -141,6 +141,8 @@ fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
 
 pub fn run(args: RunArgs) -> anyhow::Result<()> {
     init_logging();
+    let nofile = ingest::listener::raise_nofile_limit();
+    tracing::debug!(?nofile, "open-file limit");
     if !args.standalone {
         return runtime()?.block_on(run_cluster(args));
     }
@@ -315,9 +317,8 @@ async fn run_cluster(args: RunArgs) -> anyhow::Result<()> {
         auth: Arc::new(KubeAuthorizer::new(client)),
         max_body: args.max_body_bytes,
     });
-    axum::serve(listener, app)
-        .with_graceful_shutdown(terminated())
-        .await?;
+    let limits = ingest::listener::Limits::from_env(args.max_in_flight)?;
+    ingest::listener::serve(listener, app, limits, terminated()).await?;
     stop(&engine, args.shutdown_timeout_seconds).await;
     Ok(())
 }
@@ -376,9 +377,8 @@ async fn run_standalone(args: RunArgs, config_dir: PathBuf) -> anyhow::Result<()
         max_body: args.max_body_bytes,
     })
     .merge(health_router(readiness));
-    axum::serve(listener, app)
-        .with_graceful_shutdown(terminated())
-        .await?;
+    let limits = ingest::listener::Limits::from_env(args.max_in_flight)?;
+    ingest::listener::serve(listener, app, limits, terminated()).await?;
     stop(&engine, args.shutdown_timeout_seconds).await;
     Ok(())
 }

@@ -142,3 +142,122 @@ async fn a_malformed_chunk_size_is_a_json_400() {
     assert!(answer.starts_with("HTTP/1.1 400"), "{answer}");
     assert!(answer.contains("\"invalid_body\""), "{answer}");
 }
+
+/// Reads until the server closes the connection; panics if it is still open at `deadline`.
+/// Returns what was read and when the connection closed.
+fn closed_within(stream: &mut TcpStream, deadline: Duration, what: &str) -> (String, Duration) {
+    let started = Instant::now();
+    stream
+        .set_read_timeout(Some(Duration::from_millis(200)))
+        .unwrap();
+    let mut answer = Vec::new();
+    let mut buffer = [0u8; 4096];
+    loop {
+        match stream.read(&mut buffer) {
+            Ok(0) => break,
+            Ok(n) => answer.extend_from_slice(&buffer[..n]),
+            Err(e)
+                if e.kind() == std::io::ErrorKind::WouldBlock
+                    || e.kind() == std::io::ErrorKind::TimedOut => {}
+            Err(_) => break,
+        }
+        assert!(
+            started.elapsed() < deadline,
+            "{what}: the connection is still open after {deadline:?}"
+        );
+    }
+    (
+        String::from_utf8_lossy(&answer).into_owned(),
+        started.elapsed(),
+    )
+}
+
+fn connect(herald: &Herald) -> TcpStream {
+    TcpStream::connect(herald.base.trim_start_matches("http://")).unwrap()
+}
+
+/// Defect 2: a head trickled a byte at a time, a connection that sends nothing, an idle
+/// keep-alive connection and a trickled body are all ended by the listener's timeouts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_ingest_listener_times_slow_and_idle_connections_out() {
+    let herald = Herald::start_env(
+        &[secret(NS)],
+        &[],
+        &[
+            ("HERALD_INGEST_HEADER_TIMEOUT", "1s"),
+            ("HERALD_INGEST_BODY_TIMEOUT", "1s"),
+        ],
+    );
+    // Generous for a loaded machine, far below "never".
+    let deadline = Duration::from_secs(15);
+
+    // Nothing sent at all.
+    let mut silent = connect(&herald);
+    // A head trickled a byte every 100 ms, forever.
+    let mut trickled = connect(&herald);
+    let mut writer = trickled.try_clone().unwrap();
+    std::thread::spawn(move || {
+        let head = format!("POST /v1/namespaces/{NS}/events HTTP/1.1\r\nHost: x\r\nX-Slow: ");
+        let _ = writer.write_all(head.as_bytes());
+        while writer.write_all(b"a").is_ok() {
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    });
+    // An idle keep-alive connection after one answered request.
+    let mut idle = connect(&herald);
+    idle.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        .unwrap();
+    // A body trickled a byte every 100 ms.
+    let mut slow_body = connect(&herald);
+    let mut writer = slow_body.try_clone().unwrap();
+    std::thread::spawn(move || {
+        let head = format!(
+            "POST /v1/namespaces/{NS}/events HTTP/1.1\r\nHost: x\r\nContent-Length: 100000\r\n\r\n"
+        );
+        let _ = writer.write_all(head.as_bytes());
+        while writer.write_all(b" ").is_ok() {
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    });
+
+    closed_within(&mut silent, deadline, "a silent connection");
+    closed_within(&mut trickled, deadline, "a trickled head");
+    let (answer, _) = closed_within(&mut idle, deadline, "an idle keep-alive connection");
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    let (answer, _) = closed_within(&mut slow_body, deadline, "a trickled body");
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+    assert!(answer.contains("\"body_timeout\""), "{answer}");
+    // And the API still serves.
+    let accepted = herald.publish(NS, json!({"type": "order.paid"})).await;
+    assert_eq!(accepted["matched"], 0);
+}
+
+/// Defect 2: at the connection bound herald says so in its log and serves the next
+/// connection once one closes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_ingest_listener_bounds_connections_and_says_so() {
+    let herald = Herald::start_env(
+        &[secret(NS)],
+        &[],
+        &[
+            ("HERALD_INGEST_MAX_CONNECTIONS", "4"),
+            ("HERALD_INGEST_HEADER_TIMEOUT", "60s"),
+        ],
+    );
+    let held: Vec<TcpStream> = (0..4).map(|_| connect(&herald)).collect();
+    // The fifth is accepted by the kernel and waits.
+    let mut waiting = connect(&herald);
+    waiting
+        .write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .unwrap();
+    herald
+        .wait_log(
+            "ingest connection limit reached",
+            1,
+            Duration::from_secs(20),
+        )
+        .await;
+    drop(held);
+    let (answer, _) = closed_within(&mut waiting, Duration::from_secs(20), "the waiting request");
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+}

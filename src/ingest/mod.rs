@@ -3,6 +3,7 @@
 //! `{"error": {"code": ..., "message": ...}}`, and a refused request writes nothing.
 
 pub mod auth;
+pub mod listener;
 
 use std::sync::Arc;
 
@@ -218,6 +219,17 @@ struct PublishRequest {
 fn body_error(e: axum::Error, too_large: ApiError) -> ApiError {
     let over_limit = std::error::Error::source(&e)
         .is_some_and(|source| source.is::<http_body_util::LengthLimitError>());
+    let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(&e);
+    while let Some(c) = cause {
+        if let Some(timeout) = c.downcast_ref::<listener::BodyTimeout>() {
+            return ApiError::new(
+                StatusCode::REQUEST_TIMEOUT,
+                "body_timeout",
+                timeout.to_string(),
+            );
+        }
+        cause = c.source();
+    }
     if over_limit {
         too_large
     } else {
