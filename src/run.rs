@@ -182,14 +182,19 @@ impl Readiness {
 
 /// /healthz (the process serves) and /readyz (the store is open and, in cluster mode, the
 /// caches have their first full list).
-fn health_router(readiness: Arc<Readiness>) -> axum::Router {
+fn health_router(readiness: Arc<Readiness>, engine: Arc<Engine>) -> axum::Router {
     axum::Router::new()
         .route("/healthz", axum::routing::get(|| async { "ok" }))
         .route(
             "/readyz",
             axum::routing::get(move || async move {
                 let waiting = readiness.waiting().join(", ");
-                if waiting.is_empty() {
+                if !engine.store_healthy().await {
+                    (
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        "not ready: the store cannot commit (disk full?)".to_string(),
+                    )
+                } else if waiting.is_empty() {
                     (StatusCode::OK, "ok".to_string())
                 } else {
                     (
@@ -241,7 +246,9 @@ async fn run_cluster(args: RunArgs) -> anyhow::Result<()> {
         .await
         .with_context(|| format!("listening on {health_address}"))?;
     let health_address = health.local_addr()?;
-    tokio::spawn(axum::serve(health, health_router(readiness.clone())).into_future());
+    tokio::spawn(
+        axum::serve(health, health_router(readiness.clone(), engine.clone())).into_future(),
+    );
 
     // Subscriptions deleted while herald was down are purged before anything is dispatched;
     // until the API server answers, nothing is.
@@ -365,7 +372,9 @@ async fn run_standalone(args: RunArgs, config_dir: PathBuf) -> anyhow::Result<()
             .await
             .with_context(|| format!("listening on {health_address}"))?;
         announced.push(health.local_addr()?);
-        tokio::spawn(axum::serve(health, health_router(readiness.clone())).into_future());
+        tokio::spawn(
+            axum::serve(health, health_router(readiness.clone(), engine.clone())).into_future(),
+        );
     }
     if let Some(path) = &args.ready_file {
         write_ready_file(path, &announced)?;
@@ -376,7 +385,7 @@ async fn run_standalone(args: RunArgs, config_dir: PathBuf) -> anyhow::Result<()
         auth: Arc::new(StaticToken(args.publish_token.clone())),
         max_body: args.max_body_bytes,
     })
-    .merge(health_router(readiness));
+    .merge(health_router(readiness, engine.clone()));
     let limits = ingest::listener::Limits::from_env(args.max_in_flight)?;
     ingest::listener::serve(listener, app, limits, terminated()).await?;
     stop(&engine, args.shutdown_timeout_seconds).await;
