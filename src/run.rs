@@ -365,6 +365,7 @@ async fn run_standalone(args: RunArgs, config_dir: PathBuf) -> anyhow::Result<()
         .with_context(|| format!("listening on {}", args.listen))?;
     let address = listener.local_addr()?;
     tracing::info!(%address, data_dir = %args.data_dir.display(), config = %config_dir.display(), "herald is serving");
+    ingest::listener::warn_if_exposed(address, args.publish_token.is_some());
     let readiness = Arc::new(Readiness::default());
     let mut announced = vec![address];
     if let Some(health_address) = args.metrics_listen {

@@ -122,7 +122,8 @@ async fn a_half_written_folder_purges_nothing() {
     }
     let config = herald.dir.join("config");
     let manifests = config.join("manifests.yaml");
-    let steps: [(&str, Box<dyn Fn()>); 3] = [
+    type Step<'a> = (&'a str, Box<dyn Fn() + 'a>);
+    let steps: [Step; 3] = [
         (
             "an empty file",
             Box::new(|| std::fs::write(&manifests, "").unwrap()),

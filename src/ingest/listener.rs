@@ -226,3 +226,29 @@ async fn tower_call(app: Router, request: Request) -> Response {
         Err(never) => match never {},
     }
 }
+
+/// Whether an ingest API on `address` without a token is open to others than this machine.
+pub fn exposed_without_auth(address: std::net::SocketAddr, token: bool) -> bool {
+    !token && !address.ip().is_loopback()
+}
+
+/// Warns loudly at start when the API listens beyond loopback with no authentication.
+pub fn warn_if_exposed(address: std::net::SocketAddr, token: bool) {
+    if exposed_without_auth(address, token) {
+        tracing::warn!(%address, "THE INGEST API IS OPEN: it listens beyond loopback and no --publish-token (HERALD_PUBLISH_TOKEN) is set, so anyone who can reach it may publish, read attempts, replay and re-enable");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn an_open_api_is_one_beyond_loopback_without_a_token() {
+        let open = |a: &str, token| super::exposed_without_auth(a.parse().unwrap(), token);
+        assert!(open("0.0.0.0:8080", false));
+        assert!(open("[::]:8080", false));
+        assert!(open("10.1.2.3:8080", false));
+        assert!(!open("0.0.0.0:8080", true));
+        assert!(!open("127.0.0.1:8080", false));
+        assert!(!open("[::1]:8080", false));
+    }
+}
