@@ -176,6 +176,8 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
     if args.metrics_subscription_labels {
         crate::metrics::get().enable_subscription_labels();
     }
+    let nofile = ingest::listener::raise_nofile_limit();
+    tracing::debug!(?nofile, "open-file limit");
     if !args.standalone {
         return runtime()?.block_on(run_cluster(args));
     }
@@ -213,15 +215,10 @@ impl Readiness {
     }
 }
 
-/// /healthz (the process serves) and /readyz (the store is open and, in cluster mode, the
-/// caches have their first full list).
-fn health_router(readiness: Arc<Readiness>) -> axum::Router {
-    health_routes(readiness)
-}
-
 /// /healthz, /readyz and /metrics: what the metrics port serves.
 fn metrics_router(readiness: Arc<Readiness>, engine: Arc<Engine>) -> axum::Router {
-    health_routes(readiness).route(
+    let metrics_engine = engine.clone();
+    health_router(readiness, engine).route(
         "/metrics",
         axum::routing::get(move || async move {
             (
@@ -229,20 +226,27 @@ fn metrics_router(readiness: Arc<Readiness>, engine: Arc<Engine>) -> axum::Route
                     axum::http::header::CONTENT_TYPE,
                     "text/plain; version=0.0.4; charset=utf-8",
                 )],
-                crate::metrics::render(&engine.metrics_snapshot()),
+                crate::metrics::render(&metrics_engine.metrics_snapshot()),
             )
         }),
     )
 }
 
-fn health_routes(readiness: Arc<Readiness>) -> axum::Router {
+/// /healthz (the process serves) and /readyz (the store can commit and, in cluster mode,
+/// the caches have their first full list).
+fn health_router(readiness: Arc<Readiness>, engine: Arc<Engine>) -> axum::Router {
     axum::Router::new()
         .route("/healthz", axum::routing::get(|| async { "ok" }))
         .route(
             "/readyz",
             axum::routing::get(move || async move {
                 let waiting = readiness.waiting().join(", ");
-                if waiting.is_empty() {
+                if !engine.store_healthy().await {
+                    (
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        "not ready: the store cannot commit (disk full?)".to_string(),
+                    )
+                } else if waiting.is_empty() {
                     (StatusCode::OK, "ok".to_string())
                 } else {
                     (
@@ -372,9 +376,8 @@ async fn run_cluster(args: RunArgs) -> anyhow::Result<()> {
         auth: Arc::new(KubeAuthorizer::new(client)),
         max_body: args.max_body_bytes,
     });
-    axum::serve(listener, app)
-        .with_graceful_shutdown(terminated())
-        .await?;
+    let limits = ingest::listener::Limits::from_env(args.max_in_flight)?;
+    ingest::listener::serve(listener, app, limits, terminated()).await?;
     stop(&engine, args.shutdown_timeout_seconds).await;
     Ok(())
 }
@@ -414,6 +417,7 @@ async fn run_standalone(args: RunArgs, config_dir: PathBuf) -> anyhow::Result<()
         .with_context(|| format!("listening on {}", args.listen))?;
     let address = listener.local_addr()?;
     tracing::info!(%address, data_dir = %args.data_dir.display(), config = %config_dir.display(), "herald is serving");
+    ingest::listener::warn_if_exposed(address, args.publish_token.is_some());
     let readiness = Arc::new(Readiness::default());
     let mut announced = vec![address];
     if let Some(health_address) = args.metrics_listen {
@@ -434,10 +438,9 @@ async fn run_standalone(args: RunArgs, config_dir: PathBuf) -> anyhow::Result<()
         auth: Arc::new(StaticToken(args.publish_token.clone())),
         max_body: args.max_body_bytes,
     })
-    .merge(health_router(readiness));
-    axum::serve(listener, app)
-        .with_graceful_shutdown(terminated())
-        .await?;
+    .merge(health_router(readiness, engine.clone()));
+    let limits = ingest::listener::Limits::from_env(args.max_in_flight)?;
+    ingest::listener::serve(listener, app, limits, terminated()).await?;
     stop(&engine, args.shutdown_timeout_seconds).await;
     Ok(())
 }

@@ -12,6 +12,24 @@
 //! OpenAPI bounds are not re-checked here; the engine clamps lane width and attempts). A
 //! folder that does not parse, or holds an invalid subscription, is not applied at all: a
 //! typo must never look like a deletion and purge pending deliveries.
+//!
+//! What counts as a removal. Editors and configuration tools often write files in place, so
+//! a folder read mid-write must not purge anything. A subscription is removed (purged and
+//! fenced) only when the folder reads cleanly and no longer declares it: its document was
+//! deleted from a file that still holds other documents, or its file was deleted while the
+//! folder still holds at least one manifest file. These are errors that keep the last
+//! configuration (logged, retried on the next change):
+//! - a manifest file that holds no document (empty, truncated to nothing, only comments or
+//!   `---`): delete the file instead;
+//! - a `.yaml`/`.yml`/`.json` symlink that does not resolve (a half-switched link farm, an
+//!   unmounted volume);
+//! - a file that cannot be read or is not UTF-8 (the error names the file);
+//! - a folder with no manifest file at all while herald runs subscriptions: to remove every
+//!   subscription, leave at least one manifest (a Secret, or any kind herald skips).
+//!
+//! A file truncated exactly at a document boundary still reads as a removal of the
+//! documents after it: write files atomically (write a temporary file, then rename it), as
+//! `kubectl`-style tooling and ConfigMap volume mounts do.
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
@@ -28,12 +46,30 @@ use crate::delivery::{Engine, SubscriptionConfig};
 
 type Key = (String, String);
 
-/// Everything the folder declares.
-#[derive(Debug, Default)]
+/// Everything the folder declares. Its `Debug` shows Secrets' keys, never their values.
+#[derive(Default)]
 pub struct Manifests {
     pub subscriptions: BTreeMap<Key, WebhookSubscriptionSpec>,
     pub quotas: BTreeMap<Key, Quota>,
     pub secrets: HashMap<Key, HashMap<String, String>>,
+    /// Manifest files the folder holds.
+    pub files: usize,
+}
+
+impl std::fmt::Debug for Manifests {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let secrets: BTreeMap<&Key, Vec<&String>> = self
+            .secrets
+            .iter()
+            .map(|(key, values)| (key, values.keys().collect()))
+            .collect();
+        f.debug_struct("Manifests")
+            .field("subscriptions", &self.subscriptions)
+            .field("quotas", &self.quotas)
+            .field("secrets (keys only)", &secrets)
+            .field("files", &self.files)
+            .finish()
+    }
 }
 
 /// A `WebhookQuota` of the folder, with what decides its age.
@@ -92,12 +128,14 @@ fn namespace_of(doc: &Value) -> String {
         .to_string()
 }
 
+/// The folder's manifest files (`.yaml`, `.yml`, `.json`) in name order, including symlinks
+/// that do not resolve: [`load`] refuses those rather than reading them as removed.
 fn manifest_files(dir: &Path) -> anyhow::Result<Vec<PathBuf>> {
     let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
         .map_err(|e| anyhow::anyhow!("reading {}: {e}", dir.display()))?
         .filter_map(|entry| entry.ok().map(|e| e.path()))
         .filter(|p| {
-            p.is_file()
+            (p.is_file() || p.is_symlink())
                 && matches!(
                     p.extension().and_then(|e| e.to_str()),
                     Some("yaml" | "yml" | "json")
@@ -106,6 +144,24 @@ fn manifest_files(dir: &Path) -> anyhow::Result<Vec<PathBuf>> {
         .collect();
     files.sort();
     Ok(files)
+}
+
+/// Reads one manifest file as text, naming the file in every error.
+fn read_manifest(file: &Path) -> anyhow::Result<String> {
+    let bytes = std::fs::read(file).map_err(|e| {
+        if file.is_symlink() && !file.exists() {
+            anyhow::anyhow!("{}: a symlink that does not resolve", file.display())
+        } else {
+            anyhow::anyhow!("reading {}: {e}", file.display())
+        }
+    })?;
+    String::from_utf8(bytes).map_err(|e| {
+        anyhow::anyhow!(
+            "{}: not UTF-8 text (invalid byte at offset {})",
+            file.display(),
+            e.utf8_error().valid_up_to()
+        )
+    })
 }
 
 /// The YAML parser's budget, sized for a trusted folder that may hold every subscription of
@@ -119,7 +175,51 @@ fn parse_options() -> serde_saphyr::Options {
     budget.max_total_scalar_bytes = 4 << 30;
     let mut options = serde_saphyr::Options::default();
     options.budget = Some(budget);
+    // Never quote source lines in an error: they may hold a Secret's values. The error names
+    // the file, line and column instead.
+    options.with_snippet = false;
     options
+}
+
+/// A deserialization error about a field, worded without the value that was found there (a
+/// secret pasted into the wrong field must not be quoted back into the log): every quoted
+/// span before serde's ", expected ..." is dropped; what follows names types and variants.
+fn without_values(message: &str) -> String {
+    let (found, expected) = match message.find(", expected") {
+        Some(at) => message.split_at(at),
+        None => (message, ""),
+    };
+    let mut out = String::with_capacity(message.len());
+    let mut quote = None;
+    for c in found.chars() {
+        match quote {
+            Some(close) if c == close => quote = None,
+            Some(_) => {}
+            None if c == '"' || c == '`' || c == '\'' => {
+                quote = Some(c);
+                out.push_str("(value not shown)");
+            }
+            None => out.push(c),
+        }
+    }
+    out.push_str(expected);
+    out
+}
+
+/// Deserializes a part of a manifest, naming the failing field (`prefix.path`) and never the
+/// value.
+fn typed<T: serde::de::DeserializeOwned>(value: Value, prefix: &str) -> Result<T, String> {
+    serde_path_to_error::deserialize(value).map_err(|e| {
+        let path = e.path().to_string();
+        let field = match path.as_str() {
+            "." | "" => prefix.to_string(),
+            path => format!("{prefix}.{path}"),
+        };
+        format!(
+            "field {field}: {}",
+            without_values(&e.into_inner().to_string())
+        )
+    })
 }
 
 /// A fingerprint of the folder's manifests, to notice changes cheaply.
@@ -127,7 +227,11 @@ pub fn fingerprint(dir: &Path) -> anyhow::Result<[u8; 32]> {
     let mut hash = Sha256::new();
     for file in manifest_files(dir)? {
         hash.update(file.to_string_lossy().as_bytes());
-        hash.update(std::fs::read(&file)?);
+        // A file that cannot be read still counts, so the change is noticed and reported.
+        match std::fs::read(&file) {
+            Ok(bytes) => hash.update(bytes),
+            Err(e) => hash.update(format!("\0unreadable\0{e}")),
+        }
     }
     Ok(hash.finalize().into())
 }
@@ -138,10 +242,23 @@ pub fn load(dir: &Path) -> anyhow::Result<Manifests> {
     let mut out = Manifests::default();
     let rules = SubscriptionRules::new();
     for (position, file) in manifest_files(dir)?.into_iter().enumerate() {
-        let text = std::fs::read_to_string(&file)?;
-        let docs: Vec<Value> = serde_saphyr::from_multiple_with_options(&text, parse_options())
-            .map_err(|e| anyhow::anyhow!("{}: {e}", file.display()))?;
-        for doc in docs.into_iter().filter(|d| !d.is_null()) {
+        out.files += 1;
+        let text = read_manifest(&file)?;
+        let docs: Vec<serde_saphyr::Spanned<Value>> =
+            serde_saphyr::from_multiple_with_options(&text, parse_options())
+                .map_err(|e| anyhow::anyhow!("{}: {e}", file.display()))?;
+        let docs: Vec<_> = docs.into_iter().filter(|d| !d.value.is_null()).collect();
+        if docs.is_empty() {
+            // What a file being written (or truncated) looks like: never a removal.
+            anyhow::bail!(
+                "{}: holds no manifest (empty or being written?); to remove its manifests, \
+                 delete the file",
+                file.display()
+            );
+        }
+        for spanned in docs {
+            let line = spanned.referenced.line();
+            let doc = spanned.value;
             let kind = doc
                 .get("kind")
                 .and_then(Value::as_str)
@@ -151,17 +268,26 @@ pub fn load(dir: &Path) -> anyhow::Result<Manifests> {
                 .pointer("/metadata/name")
                 .and_then(Value::as_str)
                 .ok_or_else(|| {
-                    anyhow::anyhow!("{}: a {kind} without metadata.name", file.display())
+                    anyhow::anyhow!(
+                        "{}: line {line}: a {kind} without metadata.name",
+                        file.display()
+                    )
                 })?
                 .to_string();
             let key = (namespace_of(&doc), name.clone());
-            let context =
-                |what: &str| format!("{}: {kind} {}/{}: {what}", file.display(), key.0, key.1);
+            let context = |what: &str| {
+                format!(
+                    "{}: line {line}: {kind} {}/{}: {what}",
+                    file.display(),
+                    key.0,
+                    key.1
+                )
+            };
             match kind.as_str() {
                 "WebhookSubscription" => {
                     let spec: WebhookSubscriptionSpec =
-                        serde_json::from_value(doc.get("spec").cloned().unwrap_or(Value::Null))
-                            .map_err(|e| anyhow::anyhow!(context(&e.to_string())))?;
+                        typed(doc.get("spec").cloned().unwrap_or(Value::Null), "spec")
+                            .map_err(|e| anyhow::anyhow!(context(&e)))?;
                     // The schema's CEL rules, as the API server would apply them.
                     rules
                         .check(&name, &spec)
@@ -172,8 +298,8 @@ pub fn load(dir: &Path) -> anyhow::Result<Manifests> {
                 }
                 "WebhookQuota" => {
                     let spec: WebhookQuotaSpec =
-                        serde_json::from_value(doc.get("spec").cloned().unwrap_or(Value::Null))
-                            .map_err(|e| anyhow::anyhow!(context(&e.to_string())))?;
+                        typed(doc.get("spec").cloned().unwrap_or(Value::Null), "spec")
+                            .map_err(|e| anyhow::anyhow!(context(&e)))?;
                     if spec.max_in_flight < crate::api::quota::MIN_NAMESPACE_IN_FLIGHT {
                         anyhow::bail!(context("maxInFlight must be at least 16"));
                     }
@@ -200,24 +326,28 @@ pub fn load(dir: &Path) -> anyhow::Result<Manifests> {
                     }
                 }
                 "Secret" => {
+                    // Values are strings; anything else is refused by field, never quoted.
+                    let data: Option<BTreeMap<String, String>> =
+                        typed(doc.get("data").cloned().unwrap_or_default(), "data")
+                            .map_err(|e| anyhow::anyhow!(context(&e)))?;
+                    let string_data: Option<BTreeMap<String, String>> = typed(
+                        doc.get("stringData").cloned().unwrap_or_default(),
+                        "stringData",
+                    )
+                    .map_err(|e| anyhow::anyhow!(context(&e)))?;
                     let mut values = HashMap::new();
-                    if let Some(data) = doc.get("data").and_then(Value::as_object) {
-                        for (k, v) in data {
-                            let decoded = base64::engine::general_purpose::STANDARD
-                                .decode(v.as_str().unwrap_or_default())
-                                .map_err(|_| {
-                                    anyhow::anyhow!(context(&format!("data.{k} is not base64")))
-                                })?;
-                            values
-                                .insert(k.clone(), String::from_utf8_lossy(&decoded).into_owned());
-                        }
+                    for (k, v) in data.unwrap_or_default() {
+                        let decoded = base64::engine::general_purpose::STANDARD
+                            .decode(v)
+                            .map_err(|_| {
+                                anyhow::anyhow!(context(&format!("field data.{k} is not base64")))
+                            })?;
+                        values.insert(k, String::from_utf8_lossy(&decoded).into_owned());
                     }
-                    if let Some(data) = doc.get("stringData").and_then(Value::as_object) {
-                        for (k, v) in data {
-                            values.insert(k.clone(), v.as_str().unwrap_or_default().to_string());
-                        }
+                    values.extend(string_data.unwrap_or_default());
+                    if out.secrets.insert(key.clone(), values).is_some() {
+                        anyhow::bail!(context("declared twice"));
                     }
-                    out.secrets.insert(key, values);
                 }
                 other => {
                     tracing::info!(file = %file.display(), kind = other, name, "skipping a manifest herald does not use")
@@ -226,6 +356,21 @@ pub fn load(dir: &Path) -> anyhow::Result<Manifests> {
         }
     }
     Ok(out)
+}
+
+/// Refuses an emptied folder while subscriptions are known: a folder with no manifest file
+/// at all is what a half-finished copy or a wrong mount looks like, never a deliberate
+/// removal of everything (that is done by leaving at least one manifest, see the module
+/// documentation).
+fn check_removal(dir: &Path, manifests: &Manifests, known: usize) -> anyhow::Result<()> {
+    if known > 0 && manifests.files == 0 {
+        anyhow::bail!(
+            "{} holds no manifest files; refusing to remove all {known} subscriptions (to remove \
+             every subscription, leave at least one manifest, for example a Secret)",
+            dir.display()
+        );
+    }
+    Ok(())
 }
 
 /// The subscription's secrets, current first, or why they cannot be read.
@@ -339,6 +484,7 @@ impl FolderSync {
     pub async fn apply(&mut self) -> anyhow::Result<()> {
         self.seen = fingerprint(&self.dir).ok();
         let manifests = load(&self.dir)?;
+        check_removal(&self.dir, &manifests, self.known.len())?;
         let mut changed = Vec::new();
         for (key, spec) in &manifests.subscriptions {
             let (namespace, name) = key;
@@ -605,6 +751,138 @@ spec:
             .collect();
         let dir = folder(&[("many.yaml", &text)]);
         assert_eq!(load(&dir).unwrap().secrets.len(), 5000);
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    /// Defect 1: what a half-written configuration looks like must never read as a removal.
+    #[test]
+    fn half_written_folders_are_errors_not_removals() {
+        let good = SUB.replace("URL", "https://example.com/h");
+        // An empty (truncated) file, or one holding only comments and separators.
+        for text in ["", "\n", "---\n", "# nothing yet\n---\n...\n"] {
+            let dir = folder(&[("a.yaml", &good), ("b.yaml", text)]);
+            let e = load(&dir).expect_err(&format!("accepted {text:?}"));
+            assert!(format!("{e:#}").contains("b.yaml"), "{e:#}");
+            let _ = std::fs::remove_dir_all(dir);
+        }
+        // A symlink that does not resolve.
+        let dir = folder(&[("a.yaml", &good)]);
+        std::os::unix::fs::symlink(dir.join("gone.yaml"), dir.join("b.yaml")).unwrap();
+        let e = load(&dir).expect_err("accepted a broken symlink");
+        assert!(format!("{e:#}").contains("b.yaml"), "{e:#}");
+        // It still changes the fingerprint, so the watcher reports it once.
+        assert!(fingerprint(&dir).is_ok());
+        let _ = std::fs::remove_dir_all(dir);
+        // An emptied folder is refused while subscriptions are known; an empty folder on a
+        // first start is fine.
+        let dir = folder(&[]);
+        assert!(load(&dir).unwrap().subscriptions.is_empty());
+        assert!(check_removal(&dir, &load(&dir).unwrap(), 0).is_ok());
+        let e = check_removal(&dir, &load(&dir).unwrap(), 3).expect_err("emptied folder");
+        assert!(format!("{e:#}").contains("no manifest"), "{e:#}");
+        // A folder that still holds a manifest may remove every subscription.
+        let dir2 = folder(&[(
+            "s.yaml",
+            "kind: Secret\nmetadata: {name: s}\nstringData: {k: v}\n",
+        )]);
+        assert!(check_removal(&dir2, &load(&dir2).unwrap(), 3).is_ok());
+        let _ = std::fs::remove_dir_all(dir);
+        let _ = std::fs::remove_dir_all(dir2);
+    }
+
+    /// Defect 3: a mistake in a Secret manifest or a secret pasted into the wrong field is
+    /// reported by file, line and field, never by its value.
+    #[test]
+    fn config_errors_never_quote_a_secret() {
+        const SECRET: &str = "whsec_c2VjcmV0LXZhbHVlLW5ldmVyLWxvZ2dlZA";
+        let sub = SUB.replace("URL", "https://example.com/h");
+        let cases: Vec<(String, &str)> = vec![
+            // A YAML syntax error next to the secret.
+            (
+                format!(
+                    "kind: Secret\nmetadata: {{name: s}}\nstringData:\n  k: {SECRET}\n  j: [unclosed\n"
+                ),
+                "line",
+            ),
+            (
+                format!("kind: Secret\nmetadata: {{name: s}}\nstringData:\n  k: \"{SECRET}\n"),
+                "line",
+            ),
+            // Secrets pasted into the wrong field.
+            (
+                sub.replace(
+                    "{secretRef: {name: s, key: k}}",
+                    &format!("{{secretRef: {SECRET}}}"),
+                ),
+                "signing.secretRef",
+            ),
+            (
+                sub.replace(
+                    "{secretRef: {name: s, key: k}}",
+                    &format!("{{secretRef: {{name: s, key: k}}, scheme: {SECRET}}}"),
+                ),
+                "signing.scheme",
+            ),
+            (
+                format!("{sub}  delivery: {{maxInFlight: {SECRET}}}\n"),
+                "delivery.maxInFlight",
+            ),
+            (
+                format!("{sub}  delivery: {{timeout: {SECRET}}}\n"),
+                "delivery.timeout",
+            ),
+            (format!("{sub}  paused: {SECRET}\n"), "paused"),
+            (
+                format!("kind: Secret\nmetadata: {{name: s}}\ndata: {{k: [{SECRET}]}}\n"),
+                "data.k",
+            ),
+            (
+                format!("kind: Secret\nmetadata: {{name: s}}\nstringData: {SECRET}\n"),
+                "stringData",
+            ),
+            (
+                format!(
+                    "kind: Secret\nmetadata: {{name: s}}\nstringData: {{k: {{v: {SECRET}}}}}\n"
+                ),
+                "stringData.k",
+            ),
+            (
+                format!(
+                    "kind: WebhookQuota\nmetadata: {{name: q}}\nspec: {{maxInFlight: {SECRET}}}\n"
+                ),
+                "maxInFlight",
+            ),
+        ];
+        for (text, field) in cases {
+            let dir = folder(&[("secret.yaml", &text)]);
+            let e = format!("{:#}", load(&dir).expect_err(&format!("accepted:\n{text}")));
+            let raw = SECRET.trim_start_matches("whsec_");
+            assert!(!e.contains(raw), "the secret is quoted: {e}");
+            assert!(e.contains("secret.yaml"), "no file in: {e}");
+            assert!(e.contains("line "), "no line in: {e}");
+            assert!(e.contains(field), "no {field} in: {e}");
+            let _ = std::fs::remove_dir_all(dir);
+        }
+    }
+
+    /// Defect 5: two Secrets with one namespace and name are refused, as subscriptions are.
+    #[test]
+    fn a_secret_declared_twice_is_refused() {
+        let secret =
+            "---\nkind: Secret\nmetadata: {name: s, namespace: shop}\nstringData: {k: v}\n";
+        let dir = folder(&[("a.yaml", secret), ("b.yaml", secret)]);
+        let e = format!("{:#}", load(&dir).expect_err("accepted a duplicate Secret"));
+        assert!(e.contains("declared twice"), "{e}");
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    /// Defect 9: an undecodable file is named.
+    #[test]
+    fn an_invalid_utf8_file_is_named() {
+        let dir = folder(&[]);
+        std::fs::write(dir.join("bad.yaml"), b"kind: Secret\n\xff\xfe\n").unwrap();
+        let e = load(&dir).expect_err("accepted invalid UTF-8");
+        assert!(format!("{e:#}").contains("bad.yaml"), "{e:#}");
         let _ = std::fs::remove_dir_all(dir);
     }
 

@@ -242,7 +242,27 @@ async fn schema_refuses_invalid_specs(cp: &ControlPlane, client: kube::Client) {
         (
             "reserved header",
             json!({"headers": {"Content-Type": "text/plain"}}),
-            "cannot be overridden",
+            "cannot be set",
+        ),
+        (
+            "hop-by-hop header",
+            json!({"headers": {"Connection": "close"}}),
+            "cannot be set",
+        ),
+        (
+            "framing header",
+            json!({"headers": {"Content-Encoding": "gzip"}}),
+            "cannot be set",
+        ),
+        (
+            "reserved signing.header",
+            json!({"signing": {"scheme": "stripe", "header": "Content-Type"}}),
+            "must not name a header herald sets itself",
+        ),
+        (
+            "signing.header repeated in headers",
+            json!({"signing": {"scheme": "stripe", "header": "X-Sig"}, "headers": {"x-sig": "v"}}),
+            "signing.header must not also be one of spec.headers",
         ),
         (
             "bad header name",

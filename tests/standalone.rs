@@ -79,6 +79,7 @@ async fn a_sighup_right_after_readiness_is_handled() {
     // A large folder makes the moments around readiness long enough to hit.
     let padding: String = (0..200_000)
         .map(|i| format!("# padding line {i:08} to make the folder slow to read\n"))
+        .chain(["---\napiVersion: v1\nkind: ConfigMap\nmetadata: {name: padding}\n".to_string()])
         .collect();
     let mut herald = Herald::start(
         &[secret(NS), hook(&receiver, "a", json!({}))],
@@ -100,6 +101,60 @@ async fn a_sighup_right_after_readiness_is_handled() {
             .await;
         assert!(herald.running(), "round {round}:\n{}", herald.log());
     }
+}
+
+/// Issue 9, defect 1: an empty (truncated) file, a symlink that does not resolve and an
+/// emptied folder are what a configuration being written looks like; none of them may purge
+/// pending deliveries, and the restored folder finds the same subscription with its events.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_half_written_folder_purges_nothing() {
+    let receiver = Receiver::start().await;
+    let paused = |paused: bool| hook(&receiver, "hook", json!({"paused": paused}));
+    let herald = Herald::start_env(
+        &[secret(NS), paused(true)],
+        ALLOW_LOOPBACK,
+        &[("HERALD_CONFIG_POLL_MS", "0")],
+    );
+    for i in 0..2 {
+        herald
+            .publish(NS, json!({"id": format!("evt-{i}"), "type": "order.paid"}))
+            .await;
+    }
+    let config = herald.dir.join("config");
+    let manifests = config.join("manifests.yaml");
+    type Step<'a> = (&'a str, Box<dyn Fn() + 'a>);
+    let steps: [Step; 3] = [
+        (
+            "an empty file",
+            Box::new(|| std::fs::write(&manifests, "").unwrap()),
+        ),
+        (
+            "a broken symlink",
+            Box::new(|| {
+                std::fs::remove_file(&manifests).unwrap();
+                std::os::unix::fs::symlink(config.join("elsewhere.yaml"), &manifests).unwrap();
+            }),
+        ),
+        (
+            "an emptied folder",
+            Box::new(|| std::fs::remove_file(&manifests).unwrap()),
+        ),
+    ];
+    for (n, (what, step)) in steps.iter().enumerate() {
+        step();
+        herald.hangup();
+        herald
+            .wait_log("configuration not applied", n + 1, Duration::from_secs(20))
+            .await;
+        let pending = herald.deliveries(NS, "hook", "pending").await;
+        assert_eq!(pending.len(), 2, "after {what}: {pending:?}");
+    }
+    herald.write_config(&[secret(NS), paused(false)]);
+    receiver
+        .wait_until("the kept deliveries", Duration::from_secs(20), |h| {
+            h.len() == 2
+        })
+        .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

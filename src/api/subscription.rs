@@ -30,6 +30,19 @@ pub const RESERVED_HEADERS: &[&str] = &[
     "herald-attempt",
 ];
 
+/// Hop-by-hop and framing headers (beyond those in [`RESERVED_HEADERS`]): set statically they
+/// would make a request unframed, mis-encoded or upgraded, so neither `spec.headers` nor
+/// `signing.header` may name them.
+pub const FRAMING_HEADERS: &[&str] = &[
+    "content-encoding",
+    "upgrade",
+    "te",
+    "trailer",
+    "keep-alive",
+    "proxy-connection",
+    "expect",
+];
+
 /// A webhook subscription: herald POSTs every event published in this namespace whose type
 /// matches `eventTypes` to `url`, signed with the referenced secret, retrying transient
 /// failures and dead-lettering the rest.
@@ -69,6 +82,7 @@ pub const RESERVED_HEADERS: &[&str] = &[
     )
 )]
 #[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("!has(self.signing.header) || !has(self.headers) || !self.headers.exists(k, k.lowerAscii() == self.signing.header.lowerAscii())").message("signing.header must not also be one of spec.headers"))]
 pub struct WebhookSubscriptionSpec {
     /// The receiver's URL. herald POSTs each event here. Must be an absolute http or https
     /// URL without user info; private and loopback addresses are refused at delivery time
@@ -100,13 +114,15 @@ pub struct WebhookSubscriptionSpec {
     pub delivery: DeliveryPolicy,
 
     /// Static, non-secret headers added to every request (for example a routing key). Names
-    /// herald sets itself (content-type, webhook-*, herald-*, host, ...) are refused. Do not
+    /// herald sets itself (content-type, webhook-*, herald-*, host, ...) and hop-by-hop or
+    /// framing headers (connection, transfer-encoding, content-encoding, upgrade, te,
+    /// trailer, keep-alive, proxy-connection, expect) are refused. Do not
     /// put credentials here: specs are readable by anyone who can read the object.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     #[schemars(schema_with = "headers_schema")]
     #[x_kube(
         validation = Rule::new("self.all(k, k.matches('^[A-Za-z0-9!#$%&*+.^_|~-]+$'))").message("header names must be HTTP tokens"),
-        validation = Rule::new("self.all(k, !(k.lowerAscii() in ['content-type', 'content-length', 'host', 'transfer-encoding', 'connection', 'user-agent', 'webhook-id', 'webhook-timestamp', 'webhook-signature', 'herald-signature', 'herald-event-id', 'herald-event-type', 'herald-attempt']))").message("headers herald sets itself cannot be overridden")
+        validation = Rule::new("self.all(k, !(k.lowerAscii() in ['content-type', 'content-length', 'host', 'transfer-encoding', 'connection', 'user-agent', 'webhook-id', 'webhook-timestamp', 'webhook-signature', 'herald-signature', 'herald-event-id', 'herald-event-type', 'herald-attempt', 'content-encoding', 'upgrade', 'te', 'trailer', 'keep-alive', 'proxy-connection', 'expect']))").message("headers herald sets itself, hop-by-hop and framing headers cannot be set")
     )]
     pub headers: BTreeMap<String, String>,
 
@@ -171,11 +187,16 @@ pub struct SigningSpec {
     pub additional_secret_refs: Vec<SecretKeyRef>,
 
     /// Header name for the stripe scheme (default Herald-Signature). Ignored by
-    /// standard-webhooks, whose header names are fixed.
+    /// standard-webhooks, whose header names are fixed. It may not name a header herald sets
+    /// itself (content-type, content-length, host, user-agent, webhook-*, the other
+    /// herald-* headers) or a hop-by-hop or framing header.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(
         length(min = 1, max = 128),
         regex(pattern = r"^[A-Za-z0-9!#$%&*+.^_|~-]+$")
+    )]
+    #[x_kube(
+        validation = Rule::new("!(self.lowerAscii() in ['content-type', 'content-length', 'host', 'transfer-encoding', 'connection', 'user-agent', 'webhook-id', 'webhook-timestamp', 'webhook-signature', 'herald-event-id', 'herald-event-type', 'herald-attempt', 'content-encoding', 'upgrade', 'te', 'trailer', 'keep-alive', 'proxy-connection', 'expect'])").message("must not name a header herald sets itself, or a hop-by-hop or framing header")
     )]
     pub header: Option<String>,
 }
@@ -457,11 +478,27 @@ mod tests {
     fn reserved_header_list_matches_the_schema_rule() {
         let crd = serde_json::to_string(&<WebhookSubscription as kube::CustomResourceExt>::crd())
             .unwrap();
-        for name in RESERVED_HEADERS {
+        let rules: Vec<&str> = crd.split("\"rule\":").skip(1).collect();
+        let headers_rule = rules
+            .iter()
+            .find(|r| r.contains("self.all(k, !(k.lowerAscii() in"))
+            .expect("the spec.headers rule");
+        let signing_rule = rules
+            .iter()
+            .find(|r| r.starts_with("\"!(self.lowerAscii() in"))
+            .expect("the signing.header rule");
+        for name in RESERVED_HEADERS.iter().chain(FRAMING_HEADERS) {
             assert!(
-                crd.contains(&format!("'{name}'")),
-                "{name} missing from the CEL rule"
+                headers_rule.contains(&format!("'{name}'")),
+                "{name} missing from the spec.headers rule"
             );
+            // Herald-Signature is the stripe scheme's default, which it may name.
+            if *name != "herald-signature" {
+                assert!(
+                    signing_rule.contains(&format!("'{name}'")),
+                    "{name} missing from the signing.header rule"
+                );
+            }
         }
     }
 }

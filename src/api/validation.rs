@@ -35,7 +35,46 @@ impl SubscriptionRules {
             .map_err(|e| e.to_string())?;
         self.validator
             .validate_compiled(&self.compiled, &object, None)
-            .map_err(|errors| errors.to_string())
+            .map_err(|errors| errors.to_string())?;
+        openapi_bounds(spec)
+    }
+}
+
+/// The schema's OpenAPI bounds that the CEL rules rely on and the API server enforces before
+/// them (header count, value length and single-line values; the signature header's name).
+/// Worded without values: a header value may be a credential.
+fn openapi_bounds(spec: &WebhookSubscriptionSpec) -> Result<(), String> {
+    const MAX_HEADERS: usize = 32;
+    const MAX_VALUE: usize = 4096;
+    let mut errors = Vec::new();
+    if spec.headers.len() > MAX_HEADERS {
+        errors.push(format!(
+            "spec.headers: {} headers, at most {MAX_HEADERS}",
+            spec.headers.len()
+        ));
+    }
+    for (name, value) in &spec.headers {
+        if value.len() > MAX_VALUE {
+            errors.push(format!(
+                "spec.headers.{name}: longer than {MAX_VALUE} characters"
+            ));
+        }
+        if value.contains(['\r', '\n']) {
+            errors.push(format!("spec.headers.{name}: must be a single line"));
+        }
+    }
+    if let Some(header) = &spec.signing.header {
+        let token = header
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"!#$%&*+.^_|~-".contains(&b));
+        if header.is_empty() || header.len() > 128 || !token {
+            errors.push("spec.signing.header: must be an HTTP token of 1-128 characters".into());
+        }
+    }
+    if errors.is_empty() {
+        Ok(())
+    } else {
+        Err(errors.join("; "))
     }
 }
 
@@ -69,6 +108,8 @@ mod tests {
         assert!(with(serde_json::json!({})).is_ok());
         assert!(with(serde_json::json!({"url": "http://localhost:8080/x"})).is_ok());
         assert!(with(serde_json::json!({"url": "http://[::1]:8080/x"})).is_ok());
+        assert!(with(serde_json::json!({"signing": {"scheme": "stripe", "header": "X-Sig", "secretRef": {"name": "s", "key": "k"}}, "headers": {"x-route": "1"}})).is_ok());
+        assert!(with(serde_json::json!({"headers": (0..32).map(|i| (format!("x-h{i}"), serde_json::json!("v".repeat(4096)))).collect::<serde_json::Map<_, _>>()})).is_ok());
         for bad in [
             serde_json::json!({"url": "ftp://example.com/"}),
             serde_json::json!({"url": "/relative/path"}),
@@ -76,6 +117,32 @@ mod tests {
             serde_json::json!({"delivery": {"timeout": "10m"}}),
             serde_json::json!({"delivery": {"retry": {"initialBackoff": "2h", "maxBackoff": "1h"}}}),
             serde_json::json!({"headers": {"Webhook-Signature": "x"}}),
+            // Issue 9, defect 4: a signature header herald or HTTP framing owns.
+            serde_json::json!({"signing": {"scheme": "stripe", "header": "Content-Type", "secretRef": {"name": "s", "key": "k"}}}),
+            serde_json::json!({"signing": {"scheme": "stripe", "header": "content-length", "secretRef": {"name": "s", "key": "k"}}}),
+            serde_json::json!({"signing": {"scheme": "stripe", "header": "Host", "secretRef": {"name": "s", "key": "k"}}}),
+            serde_json::json!({"signing": {"scheme": "stripe", "header": "Transfer-Encoding", "secretRef": {"name": "s", "key": "k"}}}),
+            serde_json::json!({"signing": {"scheme": "stripe", "header": "User-Agent", "secretRef": {"name": "s", "key": "k"}}}),
+            serde_json::json!({"signing": {"scheme": "stripe", "header": "Herald-Event-Id", "secretRef": {"name": "s", "key": "k"}}}),
+            serde_json::json!({"signing": {"scheme": "stripe", "header": "webhook-id", "secretRef": {"name": "s", "key": "k"}}}),
+            serde_json::json!({"signing": {"scheme": "stripe", "header": "Connection", "secretRef": {"name": "s", "key": "k"}}}),
+            // ... or one of the subscription's own static headers.
+            serde_json::json!({"signing": {"scheme": "stripe", "header": "X-Sig", "secretRef": {"name": "s", "key": "k"}}, "headers": {"x-sig": "1"}}),
+            // Hop-by-hop and framing headers in spec.headers.
+            serde_json::json!({"headers": {"Content-Encoding": "gzip"}}),
+            serde_json::json!({"headers": {"Upgrade": "h2c"}}),
+            serde_json::json!({"headers": {"TE": "trailers"}}),
+            serde_json::json!({"headers": {"Trailer": "x"}}),
+            serde_json::json!({"headers": {"Keep-Alive": "timeout=5"}}),
+            serde_json::json!({"headers": {"Proxy-Connection": "close"}}),
+            serde_json::json!({"headers": {"Expect": "100-continue"}}),
+            // The schema's OpenAPI bounds, which only an API server checked.
+            serde_json::json!({"headers": (0..33).map(|i| (format!("x-h{i}"), serde_json::json!("v"))).collect::<serde_json::Map<_, _>>()}),
+            serde_json::json!({"headers": {"x-long": "v".repeat(4097)}}),
+            serde_json::json!({"headers": {"x-split": "a\r\nInjected: yes"}}),
+            serde_json::json!({"headers": {"x-split": "a\nb"}}),
+            serde_json::json!({"signing": {"scheme": "stripe", "header": "bad header", "secretRef": {"name": "s", "key": "k"}}}),
+            serde_json::json!({"signing": {"scheme": "stripe", "header": "x".repeat(129), "secretRef": {"name": "s", "key": "k"}}}),
         ] {
             assert!(with(bad.clone()).is_err(), "{bad} passed");
         }

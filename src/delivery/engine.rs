@@ -178,6 +178,12 @@ impl Engine {
         &self.store
     }
 
+    /// Whether the store can commit (for /readyz): false after a write failed for want of
+    /// space or I/O, until a synced commit succeeds again.
+    pub async fn store_healthy(&self) -> bool {
+        self.store.check_writable().await.is_ok()
+    }
+
     pub fn notices(&self) -> broadcast::Receiver<Notice> {
         self.notices.subscribe()
     }
@@ -316,6 +322,7 @@ impl Engine {
         event_type: &str,
         data: &RawValue,
     ) -> Result<PublishResult, EngineError> {
+        let given = id.is_some();
         let event_id = id.unwrap_or_else(|| format!("evt_{}", uuid::Uuid::now_v7().simple()));
         /// Pending attempts counted for a publish before the store has them; whatever the
         /// store did not write (a duplicate id, a subscription removed meanwhile, a failed
@@ -334,7 +341,7 @@ impl Engine {
         }
         // The maxPendingAttempts check and the reservation are one step under the lock, so
         // concurrent publishes cannot pass the limit together.
-        let (targets, mut reservation) = {
+        let admitted = {
             let mut inner = self.lock();
             let targets: Vec<String> = inner
                 .by_namespace
@@ -352,22 +359,35 @@ impl Engine {
             let pending = inner.pending.get(namespace).copied().unwrap_or(0);
             let more = targets.len() as u64;
             if pending + more > limit {
-                return Err(EngineError::QuotaExceeded {
+                let refusal = EngineError::QuotaExceeded {
                     namespace: namespace.to_string(),
                     pending,
                     more,
                     limit,
-                });
+                };
+                Err(refusal)
+            } else {
+                if more > 0 {
+                    *inner.pending.entry(namespace.to_string()).or_default() += more;
+                }
+                let reservation = Reservation {
+                    engine: self,
+                    namespace,
+                    count: more,
+                };
+                Ok((targets, reservation))
             }
-            if more > 0 {
-                *inner.pending.entry(namespace.to_string()).or_default() += more;
+        };
+        let (targets, mut reservation) = match admitted {
+            Ok(admitted) => admitted,
+            Err(refusal) => {
+                // A producer retrying an accepted event gets its first answer: the id is
+                // looked up before the quota refuses.
+                if given && let Some(first) = self.store.published(namespace, &event_id).await? {
+                    return Ok(first);
+                }
+                return Err(refusal);
             }
-            let reservation = Reservation {
-                engine: self,
-                namespace,
-                count: more,
-            };
-            (targets, reservation)
         };
         #[derive(Serialize)]
         struct Envelope<'a> {
@@ -701,11 +721,25 @@ impl Engine {
             latency_ms: result.latency.as_millis() as u64,
             message: store::excerpt(message.as_bytes()),
         };
-        let completion = self
-            .store
-            .complete(claimed.delivery_id, record.clone(), next)
-            .instrument(span.clone())
-            .await;
+        // Recording is not lost work: while the store cannot commit (a full disk) the record
+        // is retried, holding the lane's slot, so the delivery never stays "in flight" until
+        // a restart (and is not sent again because of it).
+        let mut backoff = Duration::from_millis(100);
+        let completion = loop {
+            match self
+                .store
+                .complete(claimed.delivery_id, record.clone(), next)
+                .instrument(span.clone())
+                .await
+            {
+                Err(e) if !self.stopping.load(Ordering::Acquire) => {
+                    tracing::error!(error = %e, namespace = %config.namespace, subscription = %config.name, event_id = %claimed.event_id, retry_in_ms = backoff.as_millis() as u64, "recording an attempt failed; retrying the record");
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(Duration::from_secs(5));
+                }
+                done => break done,
+            }
+        };
         span.in_scope(|| {
             tracing::debug!(
                 outcome = result.outcome.as_str(),
@@ -726,7 +760,7 @@ impl Engine {
             },
             Ok(_) => {}
             Err(e) => {
-                tracing::error!(error = %e, "recording an attempt failed; it will be retried after a restart");
+                tracing::error!(error = %e, "recording an attempt failed while stopping; it is made again after the next start");
             }
         }
         inner.scheduler.wake(uid);
@@ -802,5 +836,163 @@ fn record_metrics(
         if done.disabled_now {
             metrics.auto_disabled.with_label_values(&[namespace]).inc();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::delivery::egress::EgressPolicy;
+    use crate::store::sqlite::SqliteStore;
+    use crate::store::*;
+    use async_trait::async_trait;
+    use std::sync::atomic::AtomicU32;
+
+    /// The SQLite store, whose `complete` fails a given number of times (a full disk).
+    struct FailingRecords {
+        inner: SqliteStore,
+        failures: AtomicU32,
+    }
+
+    #[async_trait]
+    impl Store for FailingRecords {
+        async fn upsert_subscription(
+            &self,
+            s: SubscriptionRecord,
+        ) -> store::Result<SubscriptionState> {
+            self.inner.upsert_subscription(s).await
+        }
+        async fn remove_subscription(&self, uid: &str) -> store::Result<u64> {
+            self.inner.remove_subscription(uid).await
+        }
+        async fn set_disabled(&self, uid: &str, d: bool) -> store::Result<SubscriptionState> {
+            self.inner.set_disabled(uid, d).await
+        }
+        async fn subscription_state(&self, uid: &str) -> store::Result<Option<SubscriptionState>> {
+            self.inner.subscription_state(uid).await
+        }
+        async fn live_subscriptions(&self) -> store::Result<Vec<SubscriptionRecord>> {
+            self.inner.live_subscriptions().await
+        }
+        async fn publish(&self, e: NewEvent, t: Vec<String>) -> store::Result<PublishResult> {
+            self.inner.publish(e, t).await
+        }
+        async fn published(&self, ns: &str, id: &str) -> store::Result<Option<PublishResult>> {
+            self.inner.published(ns, id).await
+        }
+        async fn claim_next(&self, uid: &str, now: i64) -> store::Result<Claim> {
+            self.inner.claim_next(uid, now).await
+        }
+        async fn complete(&self, id: i64, a: AttemptRecord, n: Next) -> store::Result<Completion> {
+            if self
+                .failures
+                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |f| f.checked_sub(1))
+                .is_ok()
+            {
+                return Err(store::Error::Unavailable("database or disk is full".into()));
+            }
+            self.inner.complete(id, a, n).await
+        }
+        async fn recover_in_flight(&self, now: i64) -> store::Result<u64> {
+            self.inner.recover_in_flight(now).await
+        }
+        async fn pending_by_subscription(&self) -> store::Result<Vec<(String, String, u64)>> {
+            self.inner.pending_by_subscription().await
+        }
+        async fn list_deliveries(
+            &self,
+            uid: &str,
+            f: StateFilter,
+            l: u32,
+        ) -> store::Result<Vec<DeliveryView>> {
+            self.inner.list_deliveries(uid, f, l).await
+        }
+        async fn attempts(&self, uid: &str, id: &str) -> store::Result<Vec<AttemptRecord>> {
+            self.inner.attempts(uid, id).await
+        }
+        async fn replay(
+            &self,
+            uid: &str,
+            ids: Option<Vec<String>>,
+            now: i64,
+        ) -> store::Result<u64> {
+            self.inner.replay(uid, ids, now).await
+        }
+        async fn prune(&self, before: i64) -> store::Result<u64> {
+            self.inner.prune(before).await
+        }
+    }
+
+    /// Issue 9, defect 7: an attempt whose record cannot be committed (a full disk) is
+    /// recorded once the store commits again, without a restart and without a second POST.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_failed_record_is_retried_not_left_in_flight() {
+        let hits = Arc::new(AtomicU32::new(0));
+        let counted = hits.clone();
+        let app = axum::Router::new().fallback(move || {
+            counted.fetch_add(1, Ordering::AcqRel);
+            async { axum::http::StatusCode::NO_CONTENT }
+        });
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap();
+        tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+
+        let dir = std::env::temp_dir().join(format!("herald-engine-{}", uuid::Uuid::now_v7()));
+        let store = Arc::new(FailingRecords {
+            inner: SqliteStore::open(&dir).unwrap(),
+            failures: AtomicU32::new(3),
+        });
+        let engine = Engine::new(
+            store.clone(),
+            HttpSender::new(EgressPolicy::new(vec!["127.0.0.0/8".parse().unwrap()])).unwrap(),
+            EngineConfig {
+                max_in_flight: 16,
+                namespace_max_in_flight: 16,
+                namespace_max_pending: 100,
+                history_retention: Duration::from_secs(60),
+            },
+        );
+        let spec: crate::api::WebhookSubscriptionSpec = serde_json::from_value(serde_json::json!({
+            "url": format!("http://{address}/hook"),
+            "eventTypes": ["*"],
+            "signing": {"secretRef": {"name": "s", "key": "k"}},
+        }))
+        .unwrap();
+        let config = SubscriptionConfig::from_spec(
+            "uid-1".into(),
+            "ns".into(),
+            "hook".into(),
+            &spec,
+            Ok(vec!["whsec_AAECAwQFBgcICQoLDA0ODxAREhMUFRYX".into()]),
+        )
+        .unwrap();
+        engine.upsert(config).await.unwrap();
+        engine.recover().await.unwrap();
+        engine.spawn();
+        let data = RawValue::from_string("{}".into()).unwrap();
+        engine
+            .publish("ns", Some("evt-1".into()), "t", &data)
+            .await
+            .unwrap();
+
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        loop {
+            let list = engine
+                .list("ns", "hook", StateFilter::All, 10)
+                .await
+                .unwrap();
+            if list.len() == 1 && list[0].state == DeliveryState::Delivered {
+                break;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the delivery never left {:?}",
+                list.first().map(|d| d.state)
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert_eq!(store.failures.load(Ordering::Acquire), 0);
+        assert_eq!(hits.load(Ordering::Acquire), 1, "sent again");
+        let _ = std::fs::remove_dir_all(dir);
     }
 }

@@ -60,7 +60,9 @@ impl SubscriptionConfig {
         for (name, value) in &spec.headers {
             let name = HeaderName::try_from(name.as_str())
                 .map_err(|_| format!("header name {name:?} is invalid"))?;
-            if crate::api::subscription::RESERVED_HEADERS.contains(&name.as_str()) {
+            if crate::api::subscription::RESERVED_HEADERS.contains(&name.as_str())
+                || crate::api::subscription::FRAMING_HEADERS.contains(&name.as_str())
+            {
                 return Err(format!(
                     "header {name} is set by herald and cannot be overridden"
                 ));
@@ -68,6 +70,18 @@ impl SubscriptionConfig {
             let value = HeaderValue::try_from(value.as_str())
                 .map_err(|_| format!("header {name} has an invalid value"))?;
             headers.push((name, value));
+        }
+        if let Some(header) = &spec.signing.header {
+            let lower = header.to_ascii_lowercase();
+            let owned = lower != crate::signing::stripe::DEFAULT_HEADER.to_ascii_lowercase()
+                && (crate::api::subscription::RESERVED_HEADERS.contains(&lower.as_str())
+                    || crate::api::subscription::FRAMING_HEADERS.contains(&lower.as_str()));
+            if owned || spec.headers.keys().any(|k| k.eq_ignore_ascii_case(header)) {
+                return Err(format!(
+                    "signing.header {header} names a header herald or HTTP framing sets, or one \
+                     of spec.headers"
+                ));
+            }
         }
         let (signer, not_ready) = match secrets {
             Ok(secrets) => match Signer::new(

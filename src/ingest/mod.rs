@@ -3,6 +3,7 @@
 //! `{"error": {"code": ..., "message": ...}}`, and a refused request writes nothing.
 
 pub mod auth;
+pub mod listener;
 
 use std::sync::Arc;
 
@@ -213,6 +214,32 @@ struct PublishRequest {
     data: Option<Box<RawValue>>,
 }
 
+/// Why a body could not be read: over the limit (`too_large`), or not a well-formed HTTP
+/// body (a malformed chunk, a connection closed mid-body): 400 `invalid_body`.
+fn body_error(e: axum::Error, too_large: ApiError) -> ApiError {
+    let over_limit = std::error::Error::source(&e)
+        .is_some_and(|source| source.is::<http_body_util::LengthLimitError>());
+    let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(&e);
+    while let Some(c) = cause {
+        if let Some(timeout) = c.downcast_ref::<listener::BodyTimeout>() {
+            return ApiError::new(
+                StatusCode::REQUEST_TIMEOUT,
+                "body_timeout",
+                timeout.to_string(),
+            );
+        }
+        cause = c.source();
+    }
+    if over_limit {
+        too_large
+    } else {
+        bad_request(
+            "invalid_body",
+            format!("the request body could not be read: {e}"),
+        )
+    }
+}
+
 fn bad_request(code: &'static str, message: impl Into<String>) -> ApiError {
     ApiError::new(StatusCode::BAD_REQUEST, code, message)
 }
@@ -246,7 +273,7 @@ async fn publish(
     }
     let bytes = axum::body::to_bytes(body, api.max_body)
         .await
-        .map_err(|_| too_large())?;
+        .map_err(|e| body_error(e, too_large()))?;
     let request: PublishRequest = serde_json::from_slice(&bytes)
         .map_err(|e| bad_request("invalid_event", format!("the body must be a JSON object {{\"type\": string, \"id\"?: string, \"data\"?: any}}: {e}")))?;
     if request.kind.is_empty()
@@ -346,11 +373,14 @@ async fn replay(
     authorize(&api, Verb::Manage, &namespace, Some(&name), &headers).await?;
     let bytes = axum::body::to_bytes(body, api.max_body)
         .await
-        .map_err(|_| {
-            ApiError::new(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                "body_too_large",
-                "the replay request is too large",
+        .map_err(|e| {
+            body_error(
+                e,
+                ApiError::new(
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    "body_too_large",
+                    "the replay request is too large",
+                ),
             )
         })?;
     let request: ReplayRequest = if bytes.iter().all(u8::is_ascii_whitespace) {
@@ -424,6 +454,9 @@ mod tests {
             _: NewEvent,
             _: Vec<String>,
         ) -> crate::store::Result<PublishResult> {
+            down()
+        }
+        async fn published(&self, _: &str, _: &str) -> crate::store::Result<Option<PublishResult>> {
             down()
         }
         async fn claim_next(&self, _: &str, _: i64) -> crate::store::Result<Claim> {

@@ -211,6 +211,16 @@ pub trait Store: Send + Sync + 'static {
     /// already published in the namespace writes nothing and returns the first answer.
     async fn publish(&self, event: NewEvent, targets: Vec<String>) -> Result<PublishResult>;
 
+    /// Ok while the store can commit; after a write failed for want of space or I/O, Ok only
+    /// once a synced commit succeeds again (for /readyz).
+    async fn check_writable(&self) -> Result<()> {
+        Ok(())
+    }
+
+    /// The first answer to an event id already published in the namespace (as a duplicate
+    /// publish would return it), without writing anything.
+    async fn published(&self, namespace: &str, event_id: &str) -> Result<Option<PublishResult>>;
+
     /// The fence: claims the subscription's next due delivery if the subscription is live,
     /// enabled and unpaused, in one transaction.
     async fn claim_next(&self, uid: &str, now_ms: i64) -> Result<Claim>;

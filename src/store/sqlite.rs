@@ -11,6 +11,8 @@
 //! undoes another, and no caller hears "done" before the commit that holds its work.
 
 use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use async_trait::async_trait;
 use rusqlite::{Connection, OptionalExtension, params};
@@ -40,6 +42,16 @@ enum Durability {
 
 pub struct SqliteStore {
     jobs: mpsc::UnboundedSender<Job>,
+    /// The last write failed for want of space or I/O: cleared by the next that commits.
+    failing: Arc<AtomicBool>,
+}
+
+/// Whether an error means the disk cannot take writes (full, or failing I/O).
+fn disk_error(e: &rusqlite::Error) -> bool {
+    matches!(
+        e.sqlite_error_code(),
+        Some(rusqlite::ErrorCode::DiskFull | rusqlite::ErrorCode::SystemIoFailure)
+    )
 }
 
 const SCHEMA: &str = r#"
@@ -90,6 +102,8 @@ CREATE TABLE IF NOT EXISTS attempt_log (
 );
 CREATE INDEX IF NOT EXISTS attempt_log_delivery ON attempt_log (delivery, id);
 CREATE INDEX IF NOT EXISTS attempt_log_at ON attempt_log (at_ms);
+-- One row, rewritten to learn whether the store can commit again after a failure.
+CREATE TABLE IF NOT EXISTS health (id INTEGER PRIMARY KEY, at_ms INTEGER NOT NULL, pad BLOB);
 "#;
 
 fn backend(e: rusqlite::Error) -> Error {
@@ -113,11 +127,22 @@ impl SqliteStore {
         // Room for every statement herald prepares, so none is parsed twice.
         conn.set_prepared_statement_cache_capacity(128);
         let (jobs, rx) = mpsc::unbounded_channel();
+        let failing = Arc::new(AtomicBool::new(false));
+        let writer_failing = failing.clone();
         std::thread::Builder::new()
             .name("herald-store".into())
-            .spawn(move || writer(conn, rx))
+            .spawn(move || writer(conn, rx, writer_failing))
             .map_err(|e| Error::Unavailable(e.to_string()))?;
-        Ok(Self { jobs })
+        Ok(Self { jobs, failing })
+    }
+
+    /// Test knob: caps the database at this many pages, as a full disk would.
+    #[cfg(test)]
+    pub(crate) async fn set_max_page_count(&self, pages: u64) -> Result<()> {
+        self.run(Durability::Relaxed, move |conn| {
+            conn.query_row(&format!("PRAGMA max_page_count = {pages}"), [], |_| Ok(()))
+        })
+        .await
     }
 
     /// Runs `op` on the writer thread inside the next group transaction; answers after the
@@ -128,15 +153,26 @@ impl SqliteStore {
         op: impl FnOnce(&Connection) -> rusqlite::Result<T> + Send + 'static,
     ) -> Result<T> {
         let (reply, answer) = oneshot::channel();
+        let failing = self.failing.clone();
         let job: Job = (
             durability,
             Box::new(move |conn| {
                 let result = savepoint(conn, op);
                 Box::new(move |commit: Result<(), String>| {
                     let outcome = match (commit, result) {
-                        (Ok(()), Ok(value)) => Ok(value),
+                        (Ok(()), Ok(value)) => {
+                            failing.store(false, Ordering::Release);
+                            Ok(value)
+                        }
+                        (_, Err(e)) if disk_error(&e) => {
+                            failing.store(true, Ordering::Release);
+                            Err(Error::Unavailable(e.to_string()))
+                        }
                         (_, Err(e)) => Err(backend(e)),
-                        (Err(e), Ok(_)) => Err(Error::Unavailable(format!("commit failed: {e}"))),
+                        (Err(e), Ok(_)) => {
+                            failing.store(true, Ordering::Release);
+                            Err(Error::Unavailable(format!("commit failed: {e}")))
+                        }
                     };
                     let _ = reply.send(outcome);
                 })
@@ -176,7 +212,7 @@ fn savepoint<T>(
 
 /// The writer loop: take what is queued (up to MAX_GROUP), run it in one transaction,
 /// commit, then answer every caller.
-fn writer(conn: Connection, mut rx: mpsc::UnboundedReceiver<Job>) {
+fn writer(conn: Connection, mut rx: mpsc::UnboundedReceiver<Job>, failing: Arc<AtomicBool>) {
     let mut synced = true; // the connection opens with synchronous=FULL
     while let Some(first) = rx.blocking_recv() {
         let mut group = vec![first];
@@ -196,6 +232,7 @@ fn writer(conn: Connection, mut rx: mpsc::UnboundedReceiver<Job>) {
             if let Err(e) = exec(&conn, pragma) {
                 // Never commit a synced operation with less: answer every caller with the error.
                 tracing::error!(error = %e, "store: cannot set the sync mode");
+                failing.store(true, Ordering::Release);
                 drop(group);
                 continue;
             }
@@ -205,6 +242,7 @@ fn writer(conn: Connection, mut rx: mpsc::UnboundedReceiver<Job>) {
             // Never run an operation outside a transaction. Dropping the jobs drops their
             // reply channels, so each caller hears that the store is unavailable.
             tracing::error!(error = %e, "store: cannot begin a transaction");
+            failing.store(true, Ordering::Release);
             drop(group);
             continue;
         }
@@ -338,6 +376,9 @@ impl Store for SqliteStore {
                     targets: Vec::new(),
                 });
             }
+            // An event that matches nothing keeps its id (a repeat stays idempotent) but not
+            // its body: nothing will ever send it, and unmatched floods must not fill the disk.
+            let body: &[u8] = if targets.is_empty() { &[] } else { &event.body };
             conn.prepare_cached(
                 "INSERT INTO events (namespace, event_id, event_type, body, published_ms, matched)
                  VALUES (?1, ?2, ?3, ?4, ?5, 0)",
@@ -346,7 +387,7 @@ impl Store for SqliteStore {
                 event.namespace,
                 event.event_id,
                 event.event_type,
-                event.body,
+                body,
                 event.published_ms
             ])?;
             let event_row = conn.last_insert_rowid();
@@ -369,13 +410,56 @@ impl Store for SqliteStore {
                     }
                 }
             }
-            conn.prepare_cached("UPDATE events SET matched = ?2 WHERE id = ?1")?
-                .execute(params![event_row, live.len() as u32])?;
+            if live.is_empty() {
+                conn.prepare_cached("UPDATE events SET body = x'' WHERE id = ?1")?
+                    .execute([event_row])?;
+            } else {
+                conn.prepare_cached("UPDATE events SET matched = ?2 WHERE id = ?1")?
+                    .execute(params![event_row, live.len() as u32])?;
+            }
             Ok(PublishResult {
                 event_id: event.event_id,
                 matched: live.len() as u32,
                 duplicate: false,
                 targets: live,
+            })
+        })
+        .await
+    }
+
+    async fn check_writable(&self) -> Result<()> {
+        if !self.failing.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        // The last write failed: only a synced commit of a write the size of a large event
+        // (a small row may still fit in a page or a WAL frame) says the disk takes writes.
+        self.run(Durability::Synced, |conn| {
+            conn.prepare_cached(
+                "INSERT OR REPLACE INTO health (id, at_ms, pad) VALUES (1, ?1, zeroblob(1048576))",
+            )?
+            .execute([std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_millis() as i64)])
+            .map(|_| ())
+        })
+        .await
+    }
+
+    async fn published(&self, namespace: &str, event_id: &str) -> Result<Option<PublishResult>> {
+        let (namespace, event_id) = (namespace.to_string(), event_id.to_string());
+        self.run(Durability::Relaxed, move |conn| {
+            conn.prepare_cached(
+                "SELECT matched FROM events WHERE namespace = ?1 AND event_id = ?2",
+            )?
+            .query_row(params![namespace, event_id], |r| r.get(0))
+            .optional()
+            .map(|matched: Option<u32>| {
+                matched.map(|matched| PublishResult {
+                    event_id,
+                    matched,
+                    duplicate: true,
+                    targets: Vec::new(),
+                })
             })
         })
         .await
@@ -659,6 +743,55 @@ mod tests {
         let store = SqliteStore::open(&dir).unwrap();
         super::super::suite::run(&store).await;
         drop(store);
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    #[tokio::test]
+    async fn a_full_disk_is_reported_until_space_returns() {
+        let dir = temp_dir();
+        let store = SqliteStore::open(&dir).unwrap();
+        store.check_writable().await.unwrap();
+        let pages: i64 = {
+            let conn = Connection::open(dir.join("herald.db")).unwrap();
+            conn.query_row("PRAGMA page_count", [], |r| r.get(0))
+                .unwrap()
+        };
+        store.set_max_page_count(pages as u64 + 2).await.unwrap();
+        let big = |i: u32| NewEvent {
+            namespace: "ns".into(),
+            event_id: format!("big-{i}"),
+            event_type: "t".into(),
+            body: vec![b'x'; 64 * 1024],
+            published_ms: 1,
+        };
+        store
+            .upsert_subscription(SubscriptionRecord {
+                uid: "u".into(),
+                namespace: "ns".into(),
+                name: "n".into(),
+                paused: true,
+                disable_after: 0,
+            })
+            .await
+            .unwrap();
+        let mut full = None;
+        for i in 0..100 {
+            if let Err(e) = store.publish(big(i), vec!["u".into()]).await {
+                full = Some(e);
+                break;
+            }
+        }
+        assert!(
+            matches!(full, Some(Error::Unavailable(_))),
+            "the capped store never filled: {full:?}"
+        );
+        assert!(
+            store.check_writable().await.is_err(),
+            "a full store reads as writable"
+        );
+        store.set_max_page_count(1 << 30).await.unwrap();
+        store.check_writable().await.unwrap();
+        store.publish(big(1000), vec!["u".into()]).await.unwrap();
         let _ = std::fs::remove_dir_all(dir);
     }
 

@@ -82,6 +82,12 @@ async fn publish_is_atomic_idempotent_and_fenced(store: &dyn Store) {
     assert!(again.duplicate);
     assert_eq!(again.matched, 2, "a repeated id gets the first answer");
     assert!(again.targets.is_empty());
+    // The same first answer, looked up without publishing (issue 9, defect 8).
+    assert_eq!(
+        store.published(NS, "evt-p").await.unwrap(),
+        Some(again.clone())
+    );
+    assert_eq!(store.published(NS, "evt-unknown").await.unwrap(), None);
     assert_eq!(
         store
             .list_deliveries("p1", StateFilter::All, 10)

@@ -39,6 +39,12 @@ impl<S: Store> Store for Timed<S> {
     async fn publish(&self, event: NewEvent, targets: Vec<String>) -> Result<PublishResult> {
         timed("publish", self.0.publish(event, targets)).await
     }
+    async fn check_writable(&self) -> Result<()> {
+        timed("check_writable", self.0.check_writable()).await
+    }
+    async fn published(&self, namespace: &str, event_id: &str) -> Result<Option<PublishResult>> {
+        timed("published", self.0.published(namespace, event_id)).await
+    }
     async fn claim_next(&self, uid: &str, now_ms: i64) -> Result<Claim> {
         timed("claim_next", self.0.claim_next(uid, now_ms)).await
     }

@@ -1,0 +1,254 @@
+//! The ingest API's listener: HTTP/1.1 connections with a header-read timeout (which also
+//! ends a connection that sends nothing and an idle keep-alive connection: hyper starts it
+//! whenever it waits for a request's head), a deadline for reading each request's body,
+//! and a bound on connections open at once. At the bound herald stops accepting (new
+//! connections wait in the kernel's backlog) and says so in the log, so the descriptors held
+//! by producers can never take those the store, the configuration watcher and the attempts
+//! to receivers need. Also: raising the soft `RLIMIT_NOFILE` to the hard limit at start.
+//!
+//! Settings (environment; durations such as `250ms`, `10s`):
+//! `HERALD_INGEST_HEADER_TIMEOUT` (default 10s), `HERALD_INGEST_BODY_TIMEOUT` (30s),
+//! `HERALD_INGEST_MAX_CONNECTIONS` (1024, lowered to fit the descriptor limit).
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::Request;
+use axum::response::Response;
+use futures::StreamExt;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
+
+/// Limits of the ingest listener.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Limits {
+    /// A request's head must arrive within this (and an idle connection closes after it).
+    pub header_read: Duration,
+    /// A request's body must arrive within this, from the moment its head did.
+    pub body_read: Duration,
+    /// Connections open at once.
+    pub max_connections: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            header_read: Duration::from_secs(10),
+            body_read: Duration::from_secs(30),
+            max_connections: 1024,
+        }
+    }
+}
+
+/// Descriptors kept apart from producers' connections: the store, the configuration
+/// folder, the health listener, logs, DNS.
+const RESERVED_DESCRIPTORS: u64 = 256;
+
+impl Limits {
+    /// The defaults with the environment's overrides, and the connection bound lowered so
+    /// that producers' connections, `max_in_flight` attempts to receivers and
+    /// [`RESERVED_DESCRIPTORS`] fit the descriptor limit together.
+    pub fn from_env(max_in_flight: u32) -> anyhow::Result<Self> {
+        let mut limits = Self::default();
+        let duration = |name: &str| -> anyhow::Result<Option<Duration>> {
+            match std::env::var(name) {
+                Err(_) => Ok(None),
+                Ok(text) => {
+                    let parsed: crate::api::duration::Duration = text
+                        .trim()
+                        .parse()
+                        .map_err(|e| anyhow::anyhow!("{name}: {e}"))?;
+                    Ok(Some(parsed.get().max(Duration::from_millis(1))))
+                }
+            }
+        };
+        if let Some(d) = duration("HERALD_INGEST_HEADER_TIMEOUT")? {
+            limits.header_read = d;
+        }
+        if let Some(d) = duration("HERALD_INGEST_BODY_TIMEOUT")? {
+            limits.body_read = d;
+        }
+        if let Ok(text) = std::env::var("HERALD_INGEST_MAX_CONNECTIONS") {
+            limits.max_connections = text
+                .trim()
+                .parse::<usize>()
+                .ok()
+                .filter(|n| *n > 0)
+                .ok_or_else(|| {
+                    anyhow::anyhow!(
+                        "HERALD_INGEST_MAX_CONNECTIONS={text:?} is not a positive number"
+                    )
+                })?;
+        }
+        if let Some(nofile) = nofile_limit() {
+            let room = nofile.saturating_sub(u64::from(max_in_flight) + RESERVED_DESCRIPTORS);
+            let fits = usize::try_from(room).unwrap_or(usize::MAX).max(16);
+            if fits < limits.max_connections {
+                tracing::warn!(
+                    nofile,
+                    max_in_flight,
+                    max_connections = fits,
+                    "the descriptor limit is low: ingest connections are bounded lower to leave room for attempts and the store"
+                );
+                limits.max_connections = fits;
+            }
+        }
+        Ok(limits)
+    }
+}
+
+/// The soft `RLIMIT_NOFILE`.
+fn nofile_limit() -> Option<u64> {
+    rlimit::getrlimit(rlimit::Resource::NOFILE)
+        .ok()
+        .map(|(soft, _)| soft)
+}
+
+/// Raises the soft `RLIMIT_NOFILE` to the hard limit (herald holds a descriptor per
+/// attempt on the wire and per producer connection). Returns the soft limit in force.
+pub fn raise_nofile_limit() -> Option<u64> {
+    let (soft, hard) = rlimit::getrlimit(rlimit::Resource::NOFILE).ok()?;
+    if soft >= hard {
+        return Some(soft);
+    }
+    match rlimit::setrlimit(rlimit::Resource::NOFILE, hard, hard) {
+        Ok(()) => Some(hard),
+        Err(e) => {
+            tracing::warn!(soft, hard, error = %e, "cannot raise the open-file limit to the hard limit");
+            Some(soft)
+        }
+    }
+}
+
+/// A request body that did not arrive within [`Limits::body_read`].
+#[derive(Debug, thiserror::Error)]
+#[error("the request body did not arrive within {0:?}")]
+pub struct BodyTimeout(pub Duration);
+
+/// Gives the request's body a deadline: past it, reading the body fails with
+/// [`BodyTimeout`] (the handler answers 408).
+fn with_body_deadline(request: Request, limit: Duration) -> Request {
+    let deadline = tokio::time::Instant::now() + limit;
+    let (parts, body) = request.into_parts();
+    let stream = body.into_data_stream();
+    let timed = futures::stream::unfold(Some(stream), move |state| async move {
+        let mut stream = state?;
+        match tokio::time::timeout_at(deadline, stream.next()).await {
+            Ok(Some(item)) => Some((item, Some(stream))),
+            Ok(None) => None,
+            Err(_) => Some((Err(axum::Error::new(BodyTimeout(limit))), None)),
+        }
+    });
+    Request::from_parts(parts, Body::from_stream(timed))
+}
+
+/// Serves `app` on `listener` with `limits` until `shutdown` resolves, then lets the
+/// requests in progress finish.
+pub async fn serve(
+    listener: TcpListener,
+    app: Router,
+    limits: Limits,
+    shutdown: impl Future<Output = ()>,
+) -> std::io::Result<()> {
+    let body_read = limits.body_read;
+    let service =
+        hyper::service::service_fn(move |request: hyper::Request<hyper::body::Incoming>| {
+            let app = app.clone();
+            async move {
+                let request = with_body_deadline(request.map(Body::new), body_read);
+                let response: Response = tower_call(app, request).await;
+                Ok::<_, Infallible>(response)
+            }
+        });
+    let mut http = hyper::server::conn::http1::Builder::new();
+    http.timer(TokioTimer::new())
+        .header_read_timeout(limits.header_read)
+        .keep_alive(true);
+    let connections = Arc::new(Semaphore::new(limits.max_connections));
+    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    tokio::pin!(shutdown);
+    let mut full = false;
+    loop {
+        let permit = match connections.clone().try_acquire_owned() {
+            Ok(permit) => {
+                full = false;
+                permit
+            }
+            Err(_) => {
+                if !full {
+                    tracing::warn!(
+                        max_connections = limits.max_connections,
+                        "ingest connection limit reached: new connections wait until one closes (HERALD_INGEST_MAX_CONNECTIONS)"
+                    );
+                    full = true;
+                }
+                tokio::select! {
+                    permit = connections.clone().acquire_owned() => permit.expect("the semaphore is never closed"),
+                    () = &mut shutdown => break,
+                }
+            }
+        };
+        let (stream, _peer) = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok(accepted) => accepted,
+                Err(e) => {
+                    // Out of descriptors (EMFILE) or a connection reset before accept: wait a
+                    // moment rather than spin; the connections in progress free descriptors.
+                    tracing::warn!(error = %e, "accepting an ingest connection failed");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            },
+            () = &mut shutdown => break,
+        };
+        let _ = stream.set_nodelay(true);
+        let connection = http.serve_connection(TokioIo::new(stream), service.clone());
+        let connection = graceful.watch(connection);
+        tokio::spawn(async move {
+            let _ = connection.await;
+            drop(permit);
+        });
+    }
+    drop(listener);
+    graceful.shutdown().await;
+    Ok(())
+}
+
+async fn tower_call(app: Router, request: Request) -> Response {
+    use tower::ServiceExt;
+    match app.oneshot(request).await {
+        Ok(response) => response,
+        Err(never) => match never {},
+    }
+}
+
+/// Whether an ingest API on `address` without a token is open to others than this machine.
+pub fn exposed_without_auth(address: std::net::SocketAddr, token: bool) -> bool {
+    !token && !address.ip().is_loopback()
+}
+
+/// Warns loudly at start when the API listens beyond loopback with no authentication.
+pub fn warn_if_exposed(address: std::net::SocketAddr, token: bool) {
+    if exposed_without_auth(address, token) {
+        tracing::warn!(%address, "THE INGEST API IS OPEN: it listens beyond loopback and no --publish-token (HERALD_PUBLISH_TOKEN) is set, so anyone who can reach it may publish, read attempts, replay and re-enable");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn an_open_api_is_one_beyond_loopback_without_a_token() {
+        let open = |a: &str, token| super::exposed_without_auth(a.parse().unwrap(), token);
+        assert!(open("0.0.0.0:8080", false));
+        assert!(open("[::]:8080", false));
+        assert!(open("10.1.2.3:8080", false));
+        assert!(!open("0.0.0.0:8080", true));
+        assert!(!open("127.0.0.1:8080", false));
+        assert!(!open("[::1]:8080", false));
+    }
+}

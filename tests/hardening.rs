@@ -1,0 +1,263 @@
+//! Issue 9 (hardening), against a real herald process on 127.0.0.1: an accepted event id is
+//! answered before any quota, unmatched events keep no body, one namespace's flood of
+//! publishes is refused with 429 and Retry-After without refusing another namespace, the
+//! ingest listener times out slow and idle connections, malformed HTTP gets JSON errors.
+
+mod support;
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+use support::herald::{Herald, secret, subscription};
+use support::receiver::Receiver;
+
+const NS: &str = "shop";
+const ALLOW_LOOPBACK: &[&str] = &["--egress-allow", "127.0.0.0/8"];
+
+fn pending_quota(namespace: &str, max_pending: u64) -> Value {
+    json!({
+        "apiVersion": "herald.dev/v1alpha1",
+        "kind": "WebhookQuota",
+        "metadata": {"name": "quota", "namespace": namespace},
+        "spec": {"maxPendingAttempts": max_pending},
+    })
+}
+
+/// Defect 8: re-publishing an accepted id at the namespace's pending limit returns the first
+/// answer, not 429; a new id is still refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_known_event_id_is_answered_before_the_pending_quota() {
+    let receiver = Receiver::start().await;
+    let herald = Herald::start(
+        &[
+            secret(NS),
+            pending_quota(NS, 1),
+            subscription(
+                NS,
+                "hook",
+                &receiver.url("/hook"),
+                &["*"],
+                json!({"paused": true}),
+            ),
+        ],
+        ALLOW_LOOPBACK,
+    );
+    let first = herald
+        .publish(NS, json!({"id": "evt-1", "type": "order.paid"}))
+        .await;
+    assert_eq!(first["matched"], 1);
+    let (status, again) = herald
+        .post(
+            &format!("/v1/namespaces/{NS}/events"),
+            json!({"id": "evt-1", "type": "order.paid"}),
+        )
+        .await;
+    assert_eq!(
+        (status, &again),
+        (202, &first),
+        "the retry of an accepted id"
+    );
+    let (status, body) = herald
+        .post(
+            &format!("/v1/namespaces/{NS}/events"),
+            json!({"id": "evt-2", "type": "order.paid"}),
+        )
+        .await;
+    assert_eq!(status, 429, "{body}");
+    assert_eq!(body["error"]["code"], "quota_exceeded");
+    assert_eq!(herald.deliveries(NS, "hook", "pending").await.len(), 1);
+}
+
+/// The size of the store's files (database and write-ahead log).
+fn store_bytes(herald: &Herald) -> u64 {
+    std::fs::read_dir(herald.data_dir())
+        .unwrap()
+        .filter_map(|e| e.ok()?.metadata().ok())
+        .map(|m| m.len())
+        .sum()
+}
+
+/// Defect 6: an event that matched no subscription keeps its id (a repeat is still
+/// idempotent) but not its body.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unmatched_events_keep_no_body() {
+    let receiver = Receiver::start().await;
+    let herald = Herald::start(
+        &[
+            secret(NS),
+            subscription(NS, "hook", &receiver.url("/hook"), &["order.*"], json!({})),
+        ],
+        ALLOW_LOOPBACK,
+    );
+    let before = store_bytes(&herald);
+    let data = "x".repeat(512 * 1024);
+    for i in 0..40 {
+        let answer = herald
+            .publish(
+                NS,
+                json!({"id": format!("big-{i}"), "type": "invoice.paid", "data": data}),
+            )
+            .await;
+        assert_eq!(answer["matched"], 0);
+    }
+    let grown = store_bytes(&herald).saturating_sub(before);
+    // 40 x 512 KiB stored would be 20 MiB; ids alone are a few pages.
+    assert!(grown < 2 << 20, "the store grew by {grown} bytes");
+    let (status, again) = herald
+        .post(
+            &format!("/v1/namespaces/{NS}/events"),
+            json!({"id": "big-0", "type": "invoice.paid", "data": "other"}),
+        )
+        .await;
+    assert_eq!((status, again["matched"].clone()), (202, json!(0)));
+}
+
+/// Sends raw bytes on a fresh connection and reads the answer until the server closes or
+/// `deadline` passes.
+fn raw(base: &str, request: &[u8], deadline: Duration) -> (String, Duration) {
+    let address = base.trim_start_matches("http://");
+    let mut stream = TcpStream::connect(address).unwrap();
+    stream.set_read_timeout(Some(deadline)).unwrap();
+    let started = Instant::now();
+    stream.write_all(request).unwrap();
+    let mut answer = Vec::new();
+    let _ = stream.read_to_end(&mut answer);
+    (
+        String::from_utf8_lossy(&answer).into_owned(),
+        started.elapsed(),
+    )
+}
+
+/// Defect 9: a malformed chunk size is a 400 with the JSON error shape, not a 413.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_malformed_chunk_size_is_a_json_400() {
+    let herald = Herald::start(&[secret(NS)], &[]);
+    let request = format!(
+        "POST /v1/namespaces/{NS}/events HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\
+         Transfer-Encoding: chunked\r\nConnection: close\r\n\r\nzz\r\n{{}}\r\n0\r\n\r\n"
+    );
+    let (answer, _) = raw(&herald.base, request.as_bytes(), Duration::from_secs(20));
+    assert!(answer.starts_with("HTTP/1.1 400"), "{answer}");
+    assert!(answer.contains("\"invalid_body\""), "{answer}");
+}
+
+/// Reads until the server closes the connection; panics if it is still open at `deadline`.
+/// Returns what was read and when the connection closed.
+fn closed_within(stream: &mut TcpStream, deadline: Duration, what: &str) -> (String, Duration) {
+    let started = Instant::now();
+    stream
+        .set_read_timeout(Some(Duration::from_millis(200)))
+        .unwrap();
+    let mut answer = Vec::new();
+    let mut buffer = [0u8; 4096];
+    loop {
+        match stream.read(&mut buffer) {
+            Ok(0) => break,
+            Ok(n) => answer.extend_from_slice(&buffer[..n]),
+            Err(e)
+                if e.kind() == std::io::ErrorKind::WouldBlock
+                    || e.kind() == std::io::ErrorKind::TimedOut => {}
+            Err(_) => break,
+        }
+        assert!(
+            started.elapsed() < deadline,
+            "{what}: the connection is still open after {deadline:?}"
+        );
+    }
+    (
+        String::from_utf8_lossy(&answer).into_owned(),
+        started.elapsed(),
+    )
+}
+
+fn connect(herald: &Herald) -> TcpStream {
+    TcpStream::connect(herald.base.trim_start_matches("http://")).unwrap()
+}
+
+/// Defect 2: a head trickled a byte at a time, a connection that sends nothing, an idle
+/// keep-alive connection and a trickled body are all ended by the listener's timeouts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_ingest_listener_times_slow_and_idle_connections_out() {
+    let herald = Herald::start_env(
+        &[secret(NS)],
+        &[],
+        &[
+            ("HERALD_INGEST_HEADER_TIMEOUT", "1s"),
+            ("HERALD_INGEST_BODY_TIMEOUT", "1s"),
+        ],
+    );
+    // Generous for a loaded machine, far below "never".
+    let deadline = Duration::from_secs(15);
+
+    // Nothing sent at all.
+    let mut silent = connect(&herald);
+    // A head trickled a byte every 100 ms, forever.
+    let mut trickled = connect(&herald);
+    let mut writer = trickled.try_clone().unwrap();
+    std::thread::spawn(move || {
+        let head = format!("POST /v1/namespaces/{NS}/events HTTP/1.1\r\nHost: x\r\nX-Slow: ");
+        let _ = writer.write_all(head.as_bytes());
+        while writer.write_all(b"a").is_ok() {
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    });
+    // An idle keep-alive connection after one answered request.
+    let mut idle = connect(&herald);
+    idle.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        .unwrap();
+    // A body trickled a byte every 100 ms.
+    let mut slow_body = connect(&herald);
+    let mut writer = slow_body.try_clone().unwrap();
+    std::thread::spawn(move || {
+        let head = format!(
+            "POST /v1/namespaces/{NS}/events HTTP/1.1\r\nHost: x\r\nContent-Length: 100000\r\n\r\n"
+        );
+        let _ = writer.write_all(head.as_bytes());
+        while writer.write_all(b" ").is_ok() {
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    });
+
+    closed_within(&mut silent, deadline, "a silent connection");
+    closed_within(&mut trickled, deadline, "a trickled head");
+    let (answer, _) = closed_within(&mut idle, deadline, "an idle keep-alive connection");
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    let (answer, _) = closed_within(&mut slow_body, deadline, "a trickled body");
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+    assert!(answer.contains("\"body_timeout\""), "{answer}");
+    // And the API still serves.
+    let accepted = herald.publish(NS, json!({"type": "order.paid"})).await;
+    assert_eq!(accepted["matched"], 0);
+}
+
+/// Defect 2: at the connection bound herald says so in its log and serves the next
+/// connection once one closes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_ingest_listener_bounds_connections_and_says_so() {
+    let herald = Herald::start_env(
+        &[secret(NS)],
+        &[],
+        &[
+            ("HERALD_INGEST_MAX_CONNECTIONS", "4"),
+            ("HERALD_INGEST_HEADER_TIMEOUT", "60s"),
+        ],
+    );
+    let held: Vec<TcpStream> = (0..4).map(|_| connect(&herald)).collect();
+    // The fifth is accepted by the kernel and waits.
+    let mut waiting = connect(&herald);
+    waiting
+        .write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .unwrap();
+    herald
+        .wait_log(
+            "ingest connection limit reached",
+            1,
+            Duration::from_secs(20),
+        )
+        .await;
+    drop(held);
+    let (answer, _) = closed_within(&mut waiting, Duration::from_secs(20), "the waiting request");
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+}
