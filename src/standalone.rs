@@ -432,21 +432,6 @@ fn poll_interval() -> anyhow::Result<Option<Duration>> {
 /// than a copy: a large folder should not be held in memory twice).
 type Applied = [u8; 32];
 
-fn digest(spec: &WebhookSubscriptionSpec, secrets: &Result<Vec<String>, String>) -> Applied {
-    let mut hash = Sha256::new();
-    hash.update(serde_json::to_vec(spec).unwrap_or_default());
-    match secrets {
-        Ok(values) => values.iter().for_each(|v| {
-            hash.update(b"\0ok\0");
-            hash.update(v.as_bytes());
-        }),
-        Err(reason) => {
-            hash.update(b"\0err\0");
-            hash.update(reason.as_bytes());
-        }
-    }
-    hash.finalize().into()
-}
 type UpsertResult = Result<
     Result<(Key, String, Applied), crate::delivery::engine::EngineError>,
     tokio::task::JoinError,
@@ -489,7 +474,8 @@ impl FolderSync {
         for (key, spec) in &manifests.subscriptions {
             let (namespace, name) = key;
             let secrets = resolve_secrets(&manifests, namespace, spec);
-            let applied = digest(spec, &secrets);
+            let applied =
+                crate::delivery::config_digest(spec, secrets.as_deref().map_err(String::as_str));
             if self.applied.get(key) == Some(&applied) {
                 continue;
             }

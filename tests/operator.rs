@@ -188,14 +188,7 @@ async fn operator_end_to_end() {
     ));
     tenant.extend(publisher("a"));
     cp.apply(&tenant);
-    cp.kubectl_ok(&[
-        "wait",
-        "--for=condition=Ready",
-        "whsub/orders",
-        "-n",
-        "a",
-        "--timeout=60s",
-    ]);
+    cp.wait_ready("a", "whsub/orders");
     let finalizers = cp.kubectl_ok(&[
         "get",
         "whsub",
@@ -319,14 +312,7 @@ async fn rotation(cp: &ControlPlane, herald: &Operator, receiver: &Receiver, tok
         sub("a", "rot", &receiver.url("/rot"), &["rot.*"],
             json!({"signing": {"secretRef": {"name": "rot-secret", "key": "current"}}})),
     ]);
-    cp.kubectl_ok(&[
-        "wait",
-        "--for=condition=Ready",
-        "whsub/rot",
-        "-n",
-        "a",
-        "--timeout=60s",
-    ]);
+    cp.wait_ready("a", "whsub/rot");
     let mut n = 0;
     let mut deliver = || {
         n += 1;
@@ -411,14 +397,7 @@ async fn tenants_are_isolated(
     b.extend(account("a", "reader", json!([{"apiGroups": ["herald.dev"], "resources": ["webhooksubscriptions"], "verbs": ["get"]}])));
     b.extend(account("a", "operator", json!([{"apiGroups": ["herald.dev"], "resources": ["webhooksubscriptions"], "verbs": ["get", "patch"]}])));
     cp.apply(&b);
-    cp.kubectl_ok(&[
-        "wait",
-        "--for=condition=Ready",
-        "whsub/all",
-        "-n",
-        "b",
-        "--timeout=60s",
-    ]);
+    cp.wait_ready("b", "whsub/all");
 
     let publish = |ns: &str| format!("/v1/namespaces/{ns}/events");
     let event = || Some(json!({"type": "order.created"}));
@@ -520,14 +499,7 @@ async fn quota_bounds_a_namespace(
     );
     assert!(quota_ready.contains("condition met"), "{quota_ready}");
     for i in 0..24 {
-        cp.kubectl_ok(&[
-            "wait",
-            "--for=condition=Ready",
-            &format!("whsub/held-{i}"),
-            "-n",
-            "q",
-            "--timeout=60s",
-        ]);
+        cp.wait_ready("q", &format!("whsub/held-{i}"));
     }
     let token_q = cp.token("q", "producer");
     for i in 0..24 {
@@ -575,14 +547,7 @@ async fn auto_disable_and_kubectl_reenable(
         "disableAfterConsecutiveFailures": 3,
         "delivery": {"retry": {"initialBackoff": "10ms", "maxBackoff": "50ms", "maxAttempts": 2}}
     }))]);
-    cp.kubectl_ok(&[
-        "wait",
-        "--for=condition=Ready",
-        "whsub/flaky",
-        "-n",
-        "a",
-        "--timeout=60s",
-    ]);
+    cp.wait_ready("a", "whsub/flaky");
     // Two attempts for the first event (dead after maxAttempts), one for the second: 3.
     herald
         .publish("a", token, json!({"id": "flaky-1", "type": "flaky.x"}))
@@ -689,14 +654,7 @@ async fn status_writes_are_coalesced(cp: &ControlPlane, herald: &Operator, recei
     load.extend(publisher("load"));
     cp.apply(&load);
     for i in 0..subs {
-        cp.kubectl_ok(&[
-            "wait",
-            "--for=condition=Ready",
-            &format!("whsub/l-{i}"),
-            "-n",
-            "load",
-            "--timeout=60s",
-        ]);
+        cp.wait_ready("load", &format!("whsub/l-{i}"));
     }
     let token = cp.token("load", "producer");
     // Matches nothing; makes sure the grant has reached the authorizer.
@@ -833,14 +791,7 @@ async fn unregister_through_the_cluster() {
         fast.clone(),
     ));
     cp.apply(&setup);
-    cp.kubectl_ok(&[
-        "wait",
-        "--for=condition=Ready",
-        "whsub/control",
-        "-n",
-        "control",
-        "--timeout=60s",
-    ]);
+    cp.wait_ready("control", "whsub/control");
     let control_token = cp.token("control", "producer");
     herald
         .publish("control", &control_token, json!({"type": "run.completed"}))
@@ -863,14 +814,7 @@ async fn unregister_through_the_cluster() {
             fast.clone(),
         ));
         cp.apply(&objects);
-        cp.kubectl_ok(&[
-            "wait",
-            "--for=condition=Ready",
-            "whsub/target",
-            "-n",
-            &ns,
-            "--timeout=60s",
-        ]);
+        cp.wait_ready(&ns, "whsub/target");
         let token = cp.token(&ns, "producer");
         for i in 0..5 {
             herald
@@ -1054,14 +998,7 @@ async fn api_server_outage() {
         "delivery": {"maxInFlight": 4, "retry": {"initialBackoff": "1s", "maxBackoff": "2s"}}}),
     ));
     cp.apply(&objects);
-    cp.kubectl_ok(&[
-        "wait",
-        "--for=condition=Ready",
-        "whsub/steady",
-        "-n",
-        "o",
-        "--timeout=60s",
-    ]);
+    cp.wait_ready("o", "whsub/steady");
     let token = cp.token("o", "producer");
     let fresh_token = cp.token("o", "producer");
     for i in 0..20 {

@@ -12,7 +12,6 @@ use kube::api::Api;
 use kube::runtime::controller::Action;
 use kube::runtime::finalizer::{Event as Finalizer, finalizer};
 use kube::{Resource, ResourceExt};
-use sha2::{Digest, Sha256};
 
 use super::conditions::{Announcement, Problem, REENABLE_ANNOTATION, reenable_requested};
 use super::status::{Entry, StatusWriter};
@@ -69,7 +68,13 @@ async fn apply(obj: &WebhookSubscription, ctx: &Context) -> Result<Action> {
     let known = ctx.status.entry(&uid);
 
     let secrets = resolve_secrets(&ctx.client, &namespace, &obj.spec).await?;
-    let digest = digest(&obj.spec, &secrets);
+    let unreadable = secrets.as_ref().err().map(|p| format!("{p:?}"));
+    let digest = crate::delivery::config_digest(
+        &obj.spec,
+        secrets
+            .as_deref()
+            .map_err(|_| unreadable.as_deref().unwrap_or_default()),
+    );
     let (config, mut problem) = match SubscriptionConfig::from_spec(
         uid.clone(),
         namespace.clone(),
@@ -224,24 +229,4 @@ async fn resolve_secrets(
         }
     }
     Ok(Ok(values))
-}
-
-/// A digest of what the engine would run: spec and secret values (kept as a digest only).
-fn digest(
-    spec: &WebhookSubscriptionSpec,
-    secrets: &std::result::Result<Vec<String>, Problem>,
-) -> [u8; 32] {
-    let mut hash = Sha256::new();
-    hash.update(serde_json::to_vec(spec).unwrap_or_default());
-    match secrets {
-        Ok(values) => values.iter().for_each(|v| {
-            hash.update(b"\0ok\0");
-            hash.update(v.as_bytes());
-        }),
-        Err(problem) => {
-            hash.update(b"\0err\0");
-            hash.update(format!("{problem:?}").as_bytes());
-        }
-    }
-    hash.finalize().into()
 }

@@ -13,6 +13,8 @@ use std::time::Duration;
 
 use reqwest::header::{HeaderName, HeaderValue};
 
+use sha2::{Digest, Sha256};
+
 use crate::api::WebhookSubscriptionSpec;
 use crate::signing::Signer;
 use retry::RetryLimits;
@@ -128,4 +130,22 @@ impl SubscriptionConfig {
     pub fn held(&self) -> bool {
         self.paused || self.signer.is_none()
     }
+}
+
+/// A digest of what the engine would run for a spec: the spec and its secret values, or why
+/// they cannot be read. Fronts keep this (never the secrets) to skip unchanged upserts.
+pub fn config_digest(spec: &WebhookSubscriptionSpec, secrets: Result<&[String], &str>) -> [u8; 32] {
+    let mut hash = Sha256::new();
+    hash.update(serde_json::to_vec(spec).unwrap_or_default());
+    match secrets {
+        Ok(values) => values.iter().for_each(|v| {
+            hash.update(b"\0ok\0");
+            hash.update(v.as_bytes());
+        }),
+        Err(reason) => {
+            hash.update(b"\0err\0");
+            hash.update(reason.as_bytes());
+        }
+    }
+    hash.finalize().into()
 }

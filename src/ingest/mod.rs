@@ -557,25 +557,7 @@ mod tests {
 
     #[tokio::test]
     async fn an_unavailable_store_answers_503_with_a_json_error() {
-        let engine = Engine::new(
-            Arc::new(BrokenStore),
-            HttpSender::new(EgressPolicy::default()).unwrap(),
-            EngineConfig {
-                max_in_flight: 16,
-                namespace_max_in_flight: 16,
-                namespace_max_pending: 100,
-                history_retention: std::time::Duration::from_secs(60),
-            },
-        );
-        let app = router(Api {
-            engine,
-            auth: Arc::new(auth::StaticToken(None)),
-            max_body: DEFAULT_MAX_BODY,
-        });
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let address = listener.local_addr().unwrap();
-        tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
-
+        let address = serve_broken().await;
         let response = reqwest::Client::new()
             .post(format!("http://{address}/v1/namespaces/ns/events"))
             .body(r#"{"type":"order.paid","data":{}}"#)

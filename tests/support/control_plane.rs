@@ -159,6 +159,18 @@ impl ControlPlane {
             .unwrap_or_else(|| panic!("no {component} in {pids}"))
     }
 
+    /// `kubectl wait --for=condition=Ready` on one object (for example "whsub/orders").
+    pub fn wait_ready(&self, namespace: &str, object: &str) {
+        self.kubectl_ok(&[
+            "wait",
+            "--for=condition=Ready",
+            object,
+            "-n",
+            namespace,
+            "--timeout=60s",
+        ]);
+    }
+
     /// A token of a ServiceAccount (`kubectl create token`).
     pub fn token(&self, namespace: &str, service_account: &str) -> String {
         self.kubectl_ok(&["create", "token", service_account, "-n", namespace])
