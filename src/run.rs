@@ -77,9 +77,16 @@ pub struct RunArgs {
         value_delimiter = ','
     )]
     egress_allow: Vec<ipnet::IpNet>,
-    /// Attempts on the wire at once, over all namespaces.
+    /// The shared pool: attempts on the wire beyond each namespace's reserved floor, over
+    /// all namespaces. Attempts on the wire are at most this plus
+    /// --namespace-reserved-in-flight × namespaces with attempts on the wire.
     #[arg(long, env = "HERALD_MAX_IN_FLIGHT", default_value_t = 4096)]
     max_in_flight: u32,
+    /// Attempts every namespace may start whatever other namespaces hold (its floor outside
+    /// the shared pool, capped by its own quota; RFC 0215 asks for at least 8).
+    #[arg(long, env = "HERALD_NAMESPACE_RESERVED_IN_FLIGHT", default_value_t = 16,
+          value_parser = clap::value_parser!(u32).range(8..))]
+    namespace_reserved_in_flight: u32,
     /// A namespace's attempts on the wire at once, where no WebhookQuota says otherwise
     /// (at least 16).
     #[arg(long, env = "HERALD_NAMESPACE_MAX_IN_FLIGHT", default_value_t = 256,
@@ -128,6 +135,7 @@ impl RunArgs {
             sender,
             EngineConfig {
                 max_in_flight: self.max_in_flight,
+                namespace_reserved_in_flight: self.namespace_reserved_in_flight,
                 namespace_max_in_flight: self.namespace_max_in_flight,
                 namespace_max_pending: self.namespace_max_pending,
                 history_retention: Duration::from_secs(self.history_retention_hours * 3600),

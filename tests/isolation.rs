@@ -26,6 +26,7 @@ async fn healthy_arrives_while_held(
     healthy_ns: &str,
     extra: Vec<Value>,
     expect_open: usize,
+    args: &[&str],
 ) {
     let receiver = Receiver::start().await;
     let mut manifests = extra;
@@ -53,7 +54,10 @@ async fn healthy_arrives_while_held(
         &[HEALTHY],
         json!({}),
     ));
-    let herald = Herald::start(&manifests, &["--egress-allow", "127.0.0.0/8"]);
+    let herald = Herald::start(
+        &manifests,
+        &[&["--egress-allow", "127.0.0.0/8"], args].concat(),
+    );
 
     for (ns, _) in held {
         herald.publish(ns, json!({"type": HELD, "data": {}})).await;
@@ -123,7 +127,7 @@ async fn healthy_arrives_while_held(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn eight_held_receivers_do_not_delay_a_ninth_subscription() {
-    healthy_arrives_while_held(&[("tenant", 8)], "tenant", vec![], 8).await;
+    healthy_arrives_while_held(&[("tenant", 8)], "tenant", vec![], 8, &[]).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -133,6 +137,7 @@ async fn two_hundred_held_receivers_over_three_namespaces() {
         "ns-a",
         vec![],
         200,
+        &[],
     )
     .await;
 }
@@ -141,5 +146,27 @@ async fn two_hundred_held_receivers_over_three_namespaces() {
 async fn a_namespace_at_its_quota_does_not_delay_another_namespace() {
     // 24 held subscriptions in a namespace whose quota lets 16 attempts be on the wire: 16
     // are held, 8 wait (holding nothing), and another namespace's delivery goes straight out.
-    healthy_arrives_while_held(&[("noisy", 24)], "quiet", vec![quota("noisy", 16)], 16).await;
+    healthy_arrives_while_held(&[("noisy", 24)], "quiet", vec![quota("noisy", 16)], 16, &[]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn held_attempts_beyond_the_shared_pool_do_not_delay_a_quiet_namespace() {
+    // A shared pool of 32 (--max-in-flight) and a floor of 16 per namespace: three
+    // namespaces with 30 held each, every one under its own quota (256), hold their floors
+    // (3 × 16) and the whole pool (32) — more attempts than --max-in-flight, which used to be
+    // a global limit that, once full, stopped every other namespace. A quiet namespace still
+    // starts at once, from its own floor.
+    healthy_arrives_while_held(
+        &[("n1", 30), ("n2", 30), ("n3", 30)],
+        "quiet",
+        vec![],
+        3 * 16 + 32,
+        &[
+            "--max-in-flight",
+            "32",
+            "--namespace-reserved-in-flight",
+            "16",
+        ],
+    )
+    .await;
 }

@@ -27,7 +27,10 @@ use crate::store::{
 /// Engine-wide limits; every default is in `herald run --help`.
 #[derive(Clone, Debug)]
 pub struct EngineConfig {
+    /// The shared pool of attempts beyond each namespace's reserved floor.
     pub max_in_flight: u32,
+    /// Attempts every namespace may start whatever the pool holds (capped by its quota).
+    pub namespace_reserved_in_flight: u32,
     pub namespace_max_in_flight: u32,
     pub namespace_max_pending: u64,
     pub history_retention: Duration,
@@ -151,7 +154,11 @@ impl Engine {
             store,
             sender,
             inner: Mutex::new(Inner {
-                scheduler: Scheduler::new(config.max_in_flight, config.namespace_max_in_flight),
+                scheduler: Scheduler::new(
+                    config.max_in_flight,
+                    config.namespace_max_in_flight,
+                    config.namespace_reserved_in_flight,
+                ),
                 subs: HashMap::new(),
                 by_namespace: HashMap::new(),
                 by_name: HashMap::new(),
@@ -947,6 +954,7 @@ mod tests {
             HttpSender::new(EgressPolicy::new(vec!["127.0.0.0/8".parse().unwrap()])).unwrap(),
             EngineConfig {
                 max_in_flight: 16,
+                namespace_reserved_in_flight: 16,
                 namespace_max_in_flight: 16,
                 namespace_max_pending: 100,
                 history_retention: Duration::from_secs(60),

@@ -1,7 +1,11 @@
 //! The lane scheduler: decides which subscription's lane may start its next attempt.
 //!
 //! Each subscription has a lane of bounded width (its `maxInFlight`). Lanes of one
-//! namespace share that namespace's in-flight quota; all lanes share the global limit.
+//! namespace share that namespace's in-flight quota. Every namespace has a reserved floor
+//! of attempts it may start whatever other namespaces hold; attempts beyond its floor draw
+//! from one shared pool. So however many attempts other namespaces hold, a namespace under
+//! its floor starts at once, and the sockets on the wire are bounded by
+//! `pool + floor × namespaces with attempts on the wire`.
 //! Namespaces with ready lanes are served round-robin, and within a namespace lanes are
 //! served round-robin, so a namespace with thousands of due attempts to dead receivers
 //! gets one turn like any other. A lane that cannot start (its width, its namespace's quota
@@ -32,29 +36,43 @@ struct Namespace {
     ready: VecDeque<String>,
     /// Listed in the round-robin of namespaces.
     listed: bool,
+    /// Waiting for a slot of the shared pool (listed in `pool_waiters`).
+    pool_waiting: bool,
     /// Times a lane queued while the namespace was at its quota (for metrics).
     quota_waits: u64,
 }
 
 #[derive(Debug)]
 pub struct Scheduler {
-    global_limit: u32,
+    /// The shared pool: attempts beyond each namespace's reserved floor.
+    pool_limit: u32,
+    pool_in_flight: u32,
+    /// Attempts every namespace may have on the wire whatever the pool holds.
+    reserved: u32,
+    /// Every attempt on the wire (reserved and pool).
     global_in_flight: u32,
     default_namespace_limit: u32,
     lanes: HashMap<String, Lane>,
     namespaces: HashMap<String, Namespace>,
     round_robin: VecDeque<String>,
+    /// Namespaces with due lanes waiting for a pool slot.
+    pool_waiters: VecDeque<String>,
 }
 
 impl Scheduler {
-    pub fn new(global_limit: u32, default_namespace_limit: u32) -> Self {
+    /// `pool_limit`: the shared pool; `default_namespace_limit`: a namespace's quota where
+    /// none is set; `reserved`: each namespace's floor outside the pool.
+    pub fn new(pool_limit: u32, default_namespace_limit: u32, reserved: u32) -> Self {
         Self {
-            global_limit,
+            pool_limit,
+            pool_in_flight: 0,
+            reserved,
             global_in_flight: 0,
             default_namespace_limit,
             lanes: HashMap::new(),
             namespaces: HashMap::new(),
             round_robin: VecDeque::new(),
+            pool_waiters: VecDeque::new(),
         }
     }
 
@@ -67,6 +85,7 @@ impl Scheduler {
                 in_flight: 0,
                 ready: VecDeque::new(),
                 listed: false,
+                pool_waiting: false,
                 quota_waits: 0,
             })
     }
@@ -162,7 +181,7 @@ impl Scheduler {
 
     /// The next lane to start an attempt, with its slot taken; None when nothing can start.
     pub fn start_next(&mut self) -> Option<String> {
-        while self.global_in_flight < self.global_limit {
+        loop {
             let namespace = self.round_robin.pop_front()?;
             let Some(ns) = self.namespaces.get_mut(&namespace) else {
                 continue;
@@ -170,6 +189,15 @@ impl Scheduler {
             ns.listed = false;
             if ns.in_flight >= ns.limit {
                 continue; // relisted on release
+            }
+            let from_pool = ns.in_flight >= self.reserved;
+            if from_pool && self.pool_in_flight >= self.pool_limit {
+                // Past its floor and the pool is used up: relisted when a pool slot frees.
+                if !ns.pool_waiting {
+                    ns.pool_waiting = true;
+                    self.pool_waiters.push_back(namespace);
+                }
+                continue;
             }
             let Some(uid) = ns.ready.pop_front() else {
                 continue;
@@ -186,22 +214,40 @@ impl Scheduler {
             lane.in_flight += 1;
             ns.in_flight += 1;
             self.global_in_flight += 1;
+            if from_pool {
+                self.pool_in_flight += 1;
+            }
             // Wider lanes go to the back of their namespace's queue for their next slot.
             self.enqueue(&uid);
             self.relist(&namespace);
             return Some(uid);
         }
-        None
     }
 
     /// An attempt of the lane finished (or found nothing to do): give its slot back.
     pub fn release(&mut self, uid: &str, namespace: &str) {
         self.global_in_flight = self.global_in_flight.saturating_sub(1);
+        let mut pool_slot = false;
         if let Some(ns) = self.namespaces.get_mut(namespace) {
+            // Slots are alike: a namespace uses max(0, in_flight - reserved) of the pool.
+            pool_slot = ns.in_flight > self.reserved;
             ns.in_flight = ns.in_flight.saturating_sub(1);
+        }
+        if pool_slot {
+            self.pool_in_flight = self.pool_in_flight.saturating_sub(1);
         }
         if let Some(lane) = self.lanes.get_mut(uid) {
             lane.in_flight = lane.in_flight.saturating_sub(1);
+        }
+        // A freed pool slot goes round the namespaces that waited for one, in the order
+        // they began waiting, before the releasing namespace's next turn.
+        if pool_slot {
+            for waiter in std::mem::take(&mut self.pool_waiters) {
+                if let Some(ns) = self.namespaces.get_mut(&waiter) {
+                    ns.pool_waiting = false;
+                }
+                self.relist(&waiter);
+            }
         }
         self.enqueue(uid);
         self.relist(namespace);
@@ -234,7 +280,7 @@ mod tests {
 
     #[test]
     fn a_busy_lane_never_blocks_another() {
-        let mut s = Scheduler::new(100, 50);
+        let mut s = Scheduler::new(100, 50, 0);
         for i in 0..9 {
             s.upsert_lane(&format!("sub{i}"), "ns", 1);
         }
@@ -249,7 +295,7 @@ mod tests {
 
     #[test]
     fn lane_width_bounds_a_subscription() {
-        let mut s = Scheduler::new(100, 50);
+        let mut s = Scheduler::new(100, 50, 0);
         s.upsert_lane("wide", "ns", 3);
         s.upsert_lane("narrow", "ns", 1);
         s.wake("wide");
@@ -264,7 +310,7 @@ mod tests {
 
     #[test]
     fn namespace_quota_does_not_hold_other_namespaces() {
-        let mut s = Scheduler::new(1000, 16);
+        let mut s = Scheduler::new(1000, 16, 0);
         for i in 0..100 {
             s.upsert_lane(&format!("dead{i}"), "noisy", 1);
             s.wake(&format!("dead{i}"));
@@ -282,7 +328,7 @@ mod tests {
 
     #[test]
     fn namespaces_take_turns_under_the_global_limit() {
-        let mut s = Scheduler::new(4, 100);
+        let mut s = Scheduler::new(4, 100, 0);
         for i in 0..50 {
             s.upsert_lane(&format!("a{i}"), "a", 1);
             s.wake(&format!("a{i}"));
@@ -325,7 +371,7 @@ mod tests {
 
     #[test]
     fn idle_lanes_are_not_scheduled_and_removed_lanes_vanish() {
-        let mut s = Scheduler::new(10, 10);
+        let mut s = Scheduler::new(10, 10, 0);
         s.upsert_lane("x", "ns", 1);
         s.wake("x");
         let seen = s.epoch("x");
@@ -348,7 +394,7 @@ mod tests {
 
     #[test]
     fn raising_a_quota_lets_waiting_lanes_start() {
-        let mut s = Scheduler::new(100, 1);
+        let mut s = Scheduler::new(100, 1, 0);
         s.upsert_lane("a", "ns", 1);
         s.upsert_lane("b", "ns", 1);
         s.wake("a");
@@ -356,5 +402,43 @@ mod tests {
         assert_eq!(drain(&mut s).len(), 1);
         s.set_namespace_limit("ns", Some(2));
         assert_eq!(drain(&mut s).len(), 1);
+    }
+
+    #[test]
+    fn a_full_pool_never_stops_a_namespace_under_its_floor() {
+        // Pool of 4, floor of 2: three namespaces with plenty of due work hold their floors
+        // (6) and the whole pool (4).
+        let mut s = Scheduler::new(4, 100, 2);
+        for ns in ["a", "b", "c"] {
+            for i in 0..20 {
+                let uid = format!("{ns}{i}");
+                s.upsert_lane(&uid, ns, 1);
+                s.wake(&uid);
+            }
+        }
+        let held = drain(&mut s);
+        assert_eq!(held.len(), 3 * 2 + 4, "{held:?}");
+        assert_eq!(s.in_flight(), 10);
+        // A quiet namespace starts at once, up to its floor, although the pool is used up.
+        s.upsert_lane("q0", "quiet", 1);
+        s.upsert_lane("q1", "quiet", 1);
+        s.upsert_lane("q2", "quiet", 1);
+        for q in ["q0", "q1", "q2"] {
+            s.wake(q);
+        }
+        let quiet = drain(&mut s);
+        assert_eq!(quiet.len(), 2, "the floor, no more: {quiet:?}");
+        assert!(quiet.iter().all(|u| u.starts_with('q')));
+        // A pool slot frees (one of "a"'s beyond its floor): it goes to the namespace that
+        // waited longest ("b"), not back to "a".
+        assert_eq!(s.namespace_in_flight("a"), 4);
+        s.release("a0", "a");
+        let next = drain(&mut s);
+        assert_eq!(next.len(), 1, "{next:?}");
+        assert!(next[0].starts_with('b'), "{next:?}");
+        // A floor slot freed gives no pool slot: only the namespace's own waiting lane starts.
+        s.release("q0", "quiet");
+        assert_eq!(drain(&mut s), ["q2"]);
+        assert_eq!(s.in_flight(), 12);
     }
 }

@@ -508,6 +508,7 @@ mod tests {
             HttpSender::new(EgressPolicy::default()).unwrap(),
             EngineConfig {
                 max_in_flight: 16,
+                namespace_reserved_in_flight: 16,
                 namespace_max_in_flight: 16,
                 namespace_max_pending: 100,
                 history_retention: std::time::Duration::from_secs(60),
