@@ -87,6 +87,12 @@ pub struct RunArgs {
     #[arg(long, env = "HERALD_NAMESPACE_RESERVED_IN_FLIGHT", default_value_t = 16,
           value_parser = clap::value_parser!(u32).range(8..))]
     namespace_reserved_in_flight: u32,
+    /// Publishes of one namespace waiting for the store at once; more are answered 429
+    /// publish_busy with Retry-After: 1 at once, so one producer's flood cannot starve
+    /// other namespaces' publishing and delivery.
+    #[arg(long, env = "HERALD_NAMESPACE_MAX_CONCURRENT_PUBLISHES", default_value_t = 64,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    namespace_max_concurrent_publishes: u32,
     /// A namespace's attempts on the wire at once, where no WebhookQuota says otherwise
     /// (at least 16).
     #[arg(long, env = "HERALD_NAMESPACE_MAX_IN_FLIGHT", default_value_t = 256,
@@ -136,6 +142,7 @@ impl RunArgs {
             EngineConfig {
                 max_in_flight: self.max_in_flight,
                 namespace_reserved_in_flight: self.namespace_reserved_in_flight,
+                namespace_max_concurrent_publishes: self.namespace_max_concurrent_publishes,
                 namespace_max_in_flight: self.namespace_max_in_flight,
                 namespace_max_pending: self.namespace_max_pending,
                 history_retention: Duration::from_secs(self.history_retention_hours * 3600),

@@ -15,6 +15,7 @@ use tokio::sync::{Notify, broadcast};
 use tracing::Instrument;
 
 use super::SubscriptionConfig;
+use super::admission::Admission;
 use super::http::{HttpSender, Target};
 use super::outcome::Outcome;
 use super::retry::{self, Decision};
@@ -31,6 +32,8 @@ pub struct EngineConfig {
     pub max_in_flight: u32,
     /// Attempts every namespace may start whatever the pool holds (capped by its quota).
     pub namespace_reserved_in_flight: u32,
+    /// Publishes of one namespace waiting for the store at once; more answer 429.
+    pub namespace_max_concurrent_publishes: u32,
     pub namespace_max_in_flight: u32,
     pub namespace_max_pending: u64,
     pub history_retention: Duration,
@@ -84,6 +87,10 @@ pub enum EngineError {
     },
     #[error("subscription {0} is disabled; re-enable it first")]
     Disabled(String),
+    #[error(
+        "namespace {namespace} already has {limit} publishes waiting for the store; try again shortly"
+    )]
+    Busy { namespace: String, limit: u32 },
     #[error(transparent)]
     Store(#[from] store::Error),
 }
@@ -98,6 +105,8 @@ struct Inner {
     pending: HashMap<String, u64>,
     /// Per-namespace pending limits from WebhookQuota objects.
     pending_limits: HashMap<String, u64>,
+    /// Publishes in progress per namespace (fair admission).
+    admission: Admission,
 }
 
 impl Inner {
@@ -166,6 +175,7 @@ impl Engine {
                 timer_at: HashMap::new(),
                 pending: HashMap::new(),
                 pending_limits: HashMap::new(),
+                admission: Admission::new(config.namespace_max_concurrent_publishes),
             }),
             config,
             wakeup: Notify::new(),
@@ -329,6 +339,24 @@ impl Engine {
         event_type: &str,
         data: &RawValue,
     ) -> Result<PublishResult, EngineError> {
+        // Fair admission first: a flood from one namespace waits at the door, not in the
+        // store's queue ahead of everyone else.
+        struct Admitted<'a>(&'a Engine, &'a str);
+        impl Drop for Admitted<'_> {
+            fn drop(&mut self) {
+                self.0.lock().admission.leave(self.1);
+            }
+        }
+        let _admitted = {
+            let mut inner = self.lock();
+            if !inner.admission.enter(namespace) {
+                return Err(EngineError::Busy {
+                    namespace: namespace.to_string(),
+                    limit: inner.admission.limit(),
+                });
+            }
+            Admitted(self, namespace)
+        };
         let given = id.is_some();
         let event_id = id.unwrap_or_else(|| format!("evt_{}", uuid::Uuid::now_v7().simple()));
         /// Pending attempts counted for a publish before the store has them; whatever the
@@ -955,6 +983,7 @@ mod tests {
             EngineConfig {
                 max_in_flight: 16,
                 namespace_reserved_in_flight: 16,
+                namespace_max_concurrent_publishes: 64,
                 namespace_max_in_flight: 16,
                 namespace_max_pending: 100,
                 history_retention: Duration::from_secs(60),

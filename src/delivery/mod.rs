@@ -2,6 +2,7 @@
 //! ([`scheduler`]), attempts fenced in the store, signed POSTs ([`http`]) behind the egress
 //! guard ([`egress`]), outcome classes ([`outcome`]) and retries ([`retry`]).
 
+pub mod admission;
 pub mod egress;
 pub mod engine;
 pub mod http;

@@ -37,6 +37,8 @@ pub struct ApiError {
     status: StatusCode,
     code: &'static str,
     message: String,
+    /// Seconds for a Retry-After header.
+    retry_after: Option<u32>,
 }
 
 impl ApiError {
@@ -45,6 +47,7 @@ impl ApiError {
             status,
             code,
             message: message.into(),
+            retry_after: None,
         }
     }
 }
@@ -52,7 +55,13 @@ impl ApiError {
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let body = Json(json!({"error": {"code": self.code, "message": self.message}}));
-        (self.status, body).into_response()
+        let mut response = (self.status, body).into_response();
+        if let Some(seconds) = self.retry_after {
+            response
+                .headers_mut()
+                .insert(header::RETRY_AFTER, seconds.into());
+        }
+        response
     }
 }
 
@@ -81,6 +90,10 @@ impl From<EngineError> for ApiError {
             EngineError::Disabled(_) => {
                 Self::new(StatusCode::CONFLICT, "subscription_disabled", message)
             }
+            EngineError::Busy { .. } => ApiError {
+                retry_after: Some(1),
+                ..Self::new(StatusCode::TOO_MANY_REQUESTS, "publish_busy", message)
+            },
             EngineError::Store(_) => Self::new(
                 StatusCode::SERVICE_UNAVAILABLE,
                 "store_unavailable",
@@ -509,6 +522,7 @@ mod tests {
             EngineConfig {
                 max_in_flight: 16,
                 namespace_reserved_in_flight: 16,
+                namespace_max_concurrent_publishes: 64,
                 namespace_max_in_flight: 16,
                 namespace_max_pending: 100,
                 history_retention: std::time::Duration::from_secs(60),
