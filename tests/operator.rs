@@ -134,6 +134,18 @@ fn event_id(hit: &Hit) -> String {
     hit.header("webhook-id").to_string()
 }
 
+/// One publish from a producer's load loop; must be accepted.
+async fn post_accepted(client: &reqwest::Client, url: &str, token: &str, event: &Value) {
+    let response = client
+        .post(url)
+        .bearer_auth(token)
+        .json(event)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status().as_u16(), 202);
+}
+
 fn sub(ns: &str, name: &str, url: &str, types: &[&str], extra: Value) -> Value {
     subscription(ns, name, url, types, extra)
 }
@@ -708,14 +720,7 @@ async fn status_writes_are_coalesced(cp: &ControlPlane, herald: &Operator, recei
                     start + Duration::from_secs_f64(n as f64 * producers as f64 / rate as f64);
                 tokio::time::sleep_until(tokio::time::Instant::from_std(due)).await;
                 let event = json!({"type": format!("load.{}", (p + n * producers) % subs)});
-                let r = client
-                    .post(&url)
-                    .bearer_auth(&token)
-                    .json(&event)
-                    .send()
-                    .await
-                    .unwrap();
-                assert_eq!(r.status().as_u16(), 202);
+                post_accepted(&client, &url, &token, &event).await;
             }
         }));
     }
@@ -1126,14 +1131,8 @@ async fn deleting_a_subscription_with_100000_pending_attempts() {
         let token = token.clone();
         tasks.push(tokio::spawn(async move {
             for n in (p..pending).step_by(producers) {
-                let r = client
-                    .post(&url)
-                    .bearer_auth(&token)
-                    .json(&json!({"id": format!("bulk-{n}"), "type": "bulk"}))
-                    .send()
-                    .await
-                    .unwrap();
-                assert_eq!(r.status().as_u16(), 202);
+                let event = json!({"id": format!("bulk-{n}"), "type": "bulk"});
+                post_accepted(&client, &url, &token, &event).await;
             }
         }));
     }
