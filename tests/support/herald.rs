@@ -211,6 +211,11 @@ impl Herald {
         }
     }
 
+    /// The herald process's id, while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
     /// Whether the herald process is still running.
     pub fn running(&mut self) -> bool {
         self.child
