@@ -90,4 +90,72 @@ mod tests {
             assert_eq!(parse_retry_after(bad, now), None, "{bad:?}");
         }
     }
+
+    /// The classes as documented on [`Outcome`], by the status's class digit; checked for
+    /// every possible status code, not a sample.
+    #[test]
+    fn every_status_code_maps_to_its_documented_class() {
+        for status in 0..=u16::MAX {
+            let documented = match (status / 100, status) {
+                (2, _) => Outcome::Accepted,
+                (_, 408 | 425 | 429) | (5, _) => Outcome::Transient,
+                // 1xx, 3xx (not followed), other 4xx, and anything outside 100..=599.
+                _ => Outcome::Terminal,
+            };
+            assert_eq!(classify_status(status), documented, "{status}");
+        }
+    }
+
+    mod properties {
+        use super::super::*;
+        use proptest::prelude::*;
+
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(2000))]
+
+            /// delay-seconds: any run of digits is that many seconds, saturating.
+            #[test]
+            fn retry_after_seconds_are_read_exactly(
+                seconds in proptest::num::u64::ANY,
+                pad in "[ \t]{0,3}",
+            ) {
+                let now = std::time::UNIX_EPOCH + Duration::from_secs(1_700_000_000);
+                let value = format!("{pad}{seconds}{pad}");
+                prop_assert_eq!(parse_retry_after(&value, now), Some(Duration::from_secs(seconds)));
+            }
+
+            /// An HTTP date is the time until it, or zero when it has passed.
+            #[test]
+            fn retry_after_dates_are_the_time_until_them(
+                now_s in 0u64..=4_000_000_000,
+                at_s in 0u64..=4_000_000_000,
+            ) {
+                let now = std::time::UNIX_EPOCH + Duration::from_secs(now_s);
+                let at = std::time::UNIX_EPOCH + Duration::from_secs(at_s);
+                let value = httpdate::fmt_http_date(at);
+                prop_assert_eq!(
+                    parse_retry_after(&value, now),
+                    Some(Duration::from_secs(at_s.saturating_sub(now_s)))
+                );
+            }
+
+            /// Any value at all: delay-seconds exactly when it is digits, else an HTTP date
+            /// when it is one, else ignored; never a panic.
+            #[test]
+            fn any_retry_after_value_is_seconds_a_date_or_ignored(
+                value in prop_oneof!["\\PC{0,40}", "[ 0-9a-zA-Z,:+-.]{0,32}"],
+            ) {
+                let now = std::time::UNIX_EPOCH + Duration::from_secs(1_700_000_000);
+                let trimmed = value.trim();
+                let expected = if !trimmed.is_empty() && trimmed.bytes().all(|b| b.is_ascii_digit()) {
+                    Some(Duration::from_secs(trimmed.parse().unwrap_or(u64::MAX)))
+                } else {
+                    httpdate::parse_http_date(trimmed)
+                        .ok()
+                        .map(|at| at.duration_since(now).unwrap_or(Duration::ZERO))
+                };
+                prop_assert_eq!(parse_retry_after(&value, now), expected);
+            }
+        }
+    }
 }

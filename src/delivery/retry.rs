@@ -140,4 +140,149 @@ mod tests {
             Decision::RetryAt { due_ms: 121_000 }
         );
     }
+
+    mod properties {
+        use super::super::*;
+        use proptest::prelude::*;
+
+        /// Milliseconds between `low` and `high`, log-uniform: small values as often as
+        /// large ones, so that boundaries are hit at every scale.
+        fn millis(low: u64, high: u64) -> impl Strategy<Value = u64> {
+            (0.0f64..=1.0).prop_map(move |f| {
+                ((low as f64) * (high as f64 / low as f64).powf(f)).round() as u64
+            })
+        }
+
+        /// Limits as the schema allows them: initialBackoff and maxBackoff 10ms..72h with
+        /// initial <= max, maxDuration 1s..720h, maxAttempts 1..1000, the cap up to 72h.
+        fn limits() -> impl Strategy<Value = RetryLimits> {
+            (
+                prop_oneof![1u32..=10, 1u32..=1000],
+                millis(1_000, 720 * 3_600_000),
+                millis(10, 24 * 3_600_000),
+                millis(10, 72 * 3_600_000),
+                prop_oneof![Just(0u64), millis(1, 72 * 3_600_000)],
+            )
+                .prop_map(|(max_attempts, duration, a, b, cap)| RetryLimits {
+                    max_attempts,
+                    max_duration: Duration::from_millis(duration),
+                    initial_backoff: Duration::from_millis(a.min(b)),
+                    max_backoff: Duration::from_millis(a.max(b)),
+                    retry_after_cap: Duration::from_millis(cap),
+                })
+        }
+
+        /// The documented ceiling, computed without shifts: min(max, initial * 2^(n-1)).
+        fn documented_ceiling(limits: &RetryLimits, attempts: u32) -> u128 {
+            let mut ceiling = limits.initial_backoff.as_nanos();
+            for _ in 1..attempts {
+                ceiling *= 2;
+                if ceiling >= limits.max_backoff.as_nanos() {
+                    break;
+                }
+            }
+            ceiling.min(limits.max_backoff.as_nanos())
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(2000))]
+
+            #[test]
+            fn the_ceiling_is_the_documented_one_and_never_shrinks(
+                limits in limits(),
+                attempts in 1u32..=u32::MAX,
+            ) {
+                let c = ceiling(&limits, attempts);
+                prop_assert_eq!(c.as_nanos(), documented_ceiling(&limits, attempts));
+                prop_assert!(c <= limits.max_backoff);
+                prop_assert!(c >= limits.initial_backoff);
+                prop_assert!(ceiling(&limits, attempts.saturating_add(1)) >= c);
+            }
+
+            /// Every delay lies within [0, ceiling] (jitter) or is the capped Retry-After,
+            /// no retry starts after the window, and giving up happens exactly when the
+            /// attempts are spent or the next start would pass the window.
+            #[test]
+            fn every_delay_is_within_its_ceiling_and_the_window(
+                limits in limits(),
+                attempts in 1u32..=1100,
+                window_start in -1_000_000_000i64..=4_000_000_000_000,
+                // Where in the window the failure happens: anywhere, or within two delays
+                // of its end.
+                near_end in proptest::bool::ANY,
+                position in 0.0f64..=1.2,
+                retry_after in proptest::option::of(prop_oneof![millis(1, 100_000_000), 0u64..=u64::MAX / 2_000]),
+                unit in 0.0f64..1.0,
+            ) {
+                let asked = retry_after.map(Duration::from_millis);
+                let duration = limits.max_duration.as_millis() as f64;
+                let delay_top = match asked {
+                    Some(a) => a.min(limits.retry_after_cap),
+                    None => ceiling(&limits, attempts),
+                }
+                .as_millis() as f64;
+                let elapsed = if near_end {
+                    (duration - position * 2.0 * delay_top).max(0.0)
+                } else {
+                    position * duration
+                };
+                let now = window_start + elapsed as i64;
+                let decision =
+                    after_transient_failure(&limits, attempts, window_start, now, asked, unit);
+                let window_end = window_start + limits.max_duration.as_millis() as i64;
+                let top = match asked {
+                    Some(a) => a.min(limits.retry_after_cap).as_millis() as i64,
+                    None => ceiling(&limits, attempts).as_millis() as i64,
+                };
+                match decision {
+                    Decision::RetryAt { due_ms } => {
+                        prop_assert!(attempts < limits.max_attempts);
+                        prop_assert!(due_ms >= now && due_ms <= now + top);
+                        if asked.is_some() {
+                            prop_assert_eq!(due_ms, now + top);
+                        }
+                        prop_assert!(due_ms <= window_end);
+                    }
+                    Decision::GiveUp { .. } => {
+                        // Only when spent, or when this draw's delay passes the window.
+                        let delay = match asked {
+                            Some(_) => top,
+                            None => ceiling(&limits, attempts).mul_f64(unit).as_millis() as i64,
+                        };
+                        let spent = attempts >= limits.max_attempts;
+                        prop_assert!(spent || now + delay > window_end);
+                    }
+                }
+            }
+
+            /// A whole delivery that always fails: at most maxAttempts attempts, none starting
+            /// after maxDuration from the publish, each wait within its ceiling.
+            #[test]
+            fn a_delivery_that_always_fails_stays_within_max_duration(
+                limits in limits(),
+                published in 0i64..=4_000_000_000_000,
+                draws in proptest::collection::vec(
+                    (0.0f64..1.0, millis(1, 300_000), proptest::option::of(millis(1, 100_000_000))),
+                    1..=1000,
+                ),
+            ) {
+                let window_end = published + limits.max_duration.as_millis() as i64;
+                let mut start = published;
+                let mut attempts = 0u32;
+                for (unit, took, retry_after) in draws {
+                    attempts += 1;
+                    prop_assert!(start <= window_end, "attempt {} starts after the window", attempts);
+                    prop_assert!(attempts <= limits.max_attempts);
+                    let ended = start + took as i64;
+                    match after_transient_failure(&limits, attempts, published, ended, retry_after.map(Duration::from_millis), unit) {
+                        Decision::RetryAt { due_ms } => {
+                            prop_assert!(due_ms >= ended);
+                            start = due_ms;
+                        }
+                        Decision::GiveUp { .. } => break,
+                    }
+                }
+            }
+        }
+    }
 }

@@ -18,7 +18,7 @@ pub struct Herald {
     pub metrics: Option<String>,
     args: Vec<String>,
     http: reqwest::Client,
-    /// The --publish-token, sent on every API call.
+    /// The --publish-token (or HERALD_PUBLISH_TOKEN), sent on every API call.
     token: Option<String>,
     /// Extra environment of the herald process.
     env: Vec<(String, String)>,
@@ -135,7 +135,12 @@ impl Herald {
             token: args
                 .windows(2)
                 .find(|w| w[0] == "--publish-token")
-                .map(|w| w[1].to_string()),
+                .map(|w| w[1].to_string())
+                .or_else(|| {
+                    env.iter()
+                        .find(|(k, _)| *k == "HERALD_PUBLISH_TOKEN")
+                        .map(|(_, v)| v.to_string())
+                }),
             env: env
                 .iter()
                 .map(|(k, v)| (k.to_string(), v.to_string()))
@@ -209,6 +214,11 @@ impl Herald {
                 Duration::from_millis(20)
             });
         }
+    }
+
+    /// The herald process's id, while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
     }
 
     /// Whether the herald process is still running.
