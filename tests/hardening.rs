@@ -1,7 +1,7 @@
 //! Issue 9 (hardening), against a real herald process on 127.0.0.1: an accepted event id is
-//! answered before any quota, unmatched events keep no body, one namespace's flood of
-//! publishes is refused with 429 and Retry-After without refusing another namespace, the
-//! ingest listener times out slow and idle connections, malformed HTTP gets JSON errors.
+//! answered before any quota, unmatched events keep no body, the ingest listener times out
+//! slow and idle connections, malformed HTTP gets JSON errors. (A namespace's flood of
+//! publishes turned away with 429 and Retry-After: tests/admission.rs.)
 
 mod support;
 
