@@ -441,4 +441,124 @@ mod tests {
         assert_eq!(drain(&mut s), ["q2"]);
         assert_eq!(s.in_flight(), 12);
     }
+
+    mod properties {
+        use super::super::*;
+        use proptest::prelude::*;
+
+        /// One step of the engine's use of the scheduler.
+        #[derive(Clone, Debug)]
+        enum Op {
+            /// A lane may have due work (publish, timer, replay).
+            Wake(usize),
+            /// Start whatever may start now.
+            Drain,
+            /// The attempt of a running lane finished; its lane has more (or no more) due.
+            Finish { pick: usize, more: bool },
+            /// A namespace's quota changes.
+            Quota { ns: usize, limit: Option<u32> },
+        }
+
+        const NAMESPACES: usize = 4;
+        const LANES: usize = 12;
+
+        fn op() -> impl Strategy<Value = Op> {
+            prop_oneof![
+                4 => (0..LANES).prop_map(Op::Wake),
+                3 => Just(Op::Drain),
+                4 => (any::<usize>(), any::<bool>()).prop_map(|(pick, more)| Op::Finish { pick, more }),
+                1 => (0..NAMESPACES, proptest::option::of(1u32..6)).prop_map(|(ns, limit)| Op::Quota { ns, limit }),
+            ]
+        }
+
+        fn lane(i: usize) -> (String, String) {
+            (format!("l{i}"), format!("ns{}", i % NAMESPACES))
+        }
+
+        /// What the scheduler's counters must always agree with.
+        fn check(s: &Scheduler, running: &[(String, String)]) {
+            assert_eq!(s.global_in_flight as usize, running.len());
+            let mut pool = 0;
+            for (name, ns) in &s.namespaces {
+                let n = running.iter().filter(|(_, r)| r == name).count() as u32;
+                assert_eq!(ns.in_flight, n, "namespace {name}");
+                pool += n.saturating_sub(s.reserved);
+            }
+            assert_eq!(s.pool_in_flight, pool, "pool usage");
+            assert!(s.pool_in_flight <= s.pool_limit, "the pool overflowed");
+            for (uid, lane) in &s.lanes {
+                let n = running.iter().filter(|(u, _)| u == uid).count() as u32;
+                assert_eq!(lane.in_flight, n, "lane {uid}");
+                assert!(lane.in_flight <= lane.width, "lane {uid} over its width");
+            }
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(500))]
+
+            /// Under any interleaving: the counters stay true, no lane passes its width,
+            /// no namespace passes its quota at start time, the pool never overflows, and
+            /// when nothing more starts, every lane that wants to run is blocked by a
+            /// limit (no lost wake, no starved namespace, no leaked slot).
+            #[test]
+            fn no_namespace_starves_under_any_interleaving(
+                pool in 1u32..6,
+                floor in 0u32..3,
+                widths in proptest::collection::vec(1u32..3, LANES),
+                ops in proptest::collection::vec(op(), 1..120),
+            ) {
+                let mut s = Scheduler::new(pool, 4, floor);
+                for (i, width) in widths.iter().enumerate() {
+                    let (uid, ns) = lane(i);
+                    s.upsert_lane(&uid, &ns, *width);
+                }
+                let mut running: Vec<(String, String)> = Vec::new();
+                for op in ops {
+                    match op {
+                        Op::Wake(i) => s.wake(&lane(i).0),
+                        Op::Drain => {
+                            while let Some(uid) = s.start_next() {
+                                let ns = s.lanes[&uid].namespace.clone();
+                                let started_in = s.namespaces[&ns].in_flight;
+                                prop_assert!(started_in <= s.namespaces[&ns].limit,
+                                    "{ns} started past its quota");
+                                running.push((uid, ns));
+                            }
+                        }
+                        Op::Finish { pick, more } => {
+                            if !running.is_empty() {
+                                let (uid, ns) = running.swap_remove(pick % running.len());
+                                if !more {
+                                    let epoch = s.epoch(&uid);
+                                    s.idle(&uid, epoch);
+                                }
+                                s.release(&uid, &ns);
+                            }
+                        }
+                        Op::Quota { ns, limit } => {
+                            s.set_namespace_limit(&format!("ns{ns}"), limit);
+                        }
+                    }
+                    check(&s, &running);
+                }
+                // Work conservation: start everything that may start, then every lane that
+                // still wants a slot is held back by its width, its quota or a full pool.
+                while let Some(uid) = s.start_next() {
+                    let ns = s.lanes[&uid].namespace.clone();
+                    running.push((uid, ns));
+                }
+                check(&s, &running);
+                for (uid, lane) in &s.lanes {
+                    if !lane.wants || lane.in_flight >= lane.width {
+                        continue;
+                    }
+                    let ns = &s.namespaces[&lane.namespace];
+                    let at_quota = ns.in_flight >= ns.limit;
+                    let pool_full = ns.in_flight >= s.reserved && s.pool_in_flight >= s.pool_limit;
+                    prop_assert!(at_quota || pool_full,
+                        "{uid} wants to run and nothing holds it back, yet nothing starts: {s:?}");
+                }
+            }
+        }
+    }
 }
