@@ -109,6 +109,35 @@ pub fn merge(target: &mut Value, patch: &Value) {
 
 static SEQ: AtomicU32 = AtomicU32::new(0);
 
+/// `herald run` on `dir`: its store in `dir/data`, its log appended to `dir/herald.log`, the
+/// ingest API on a free loopback port announced in `ready` (removed first). Settings come
+/// from the test alone, never from the caller's environment.
+pub fn run_command(dir: &std::path::Path, ready: &std::path::Path) -> Command {
+    let _ = std::fs::remove_file(ready);
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(dir.join("herald.log"))
+        .unwrap();
+    let mut command = Command::new(env!("CARGO_BIN_EXE_herald"));
+    for (key, _) in std::env::vars().filter(|(k, _)| k.starts_with("HERALD_")) {
+        command.env_remove(key);
+    }
+    command
+        .arg("run")
+        .arg("--data-dir")
+        .arg(dir.join("data"))
+        .arg("--listen")
+        .arg("127.0.0.1:0")
+        .arg("--ready-file")
+        .arg(ready)
+        .env("RUST_LOG", "info")
+        .stdin(Stdio::null())
+        .stdout(log.try_clone().unwrap())
+        .stderr(log);
+    command
+}
+
 impl Herald {
     /// Writes the manifests and starts herald on them. `args` are extra `herald run` flags.
     pub fn start(manifests: &[Value], args: &[&str]) -> Self {
@@ -154,34 +183,12 @@ impl Herald {
 
     fn spawn(&mut self) {
         let ready = self.dir.join("ready");
-        let _ = std::fs::remove_file(&ready);
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(self.dir.join("herald.log"))
-            .unwrap();
-        let mut command = Command::new(env!("CARGO_BIN_EXE_herald"));
-        // Settings come from the test alone, never from the caller's environment.
-        for (key, _) in std::env::vars().filter(|(k, _)| k.starts_with("HERALD_")) {
-            command.env_remove(key);
-        }
-        let child = command
-            .arg("run")
+        let child = run_command(&self.dir, &ready)
             .arg("--standalone")
             .arg("--config")
             .arg(self.dir.join("config"))
-            .arg("--data-dir")
-            .arg(self.dir.join("data"))
-            .arg("--listen")
-            .arg("127.0.0.1:0")
-            .arg("--ready-file")
-            .arg(&ready)
             .args(&self.args)
             .envs(self.env.iter().map(|(k, v)| (k, v)))
-            .env("RUST_LOG", "info")
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().unwrap())
-            .stderr(log)
             .spawn()
             .unwrap();
         self.child = Some(child);

@@ -3,13 +3,14 @@
 //! data folder of its own. It can be SIGKILLed and started again on the same folder.
 
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
 use super::control_plane::ControlPlane;
+use super::herald::run_command;
 
 pub struct Operator {
     child: Option<Child>,
@@ -52,36 +53,15 @@ impl Operator {
 
     async fn spawn(&mut self) {
         let ready = self.dir.join("ready");
-        let _ = std::fs::remove_file(&ready);
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(self.dir.join("herald.log"))
-            .unwrap();
-        let mut command = Command::new(env!("CARGO_BIN_EXE_herald"));
-        for (key, _) in std::env::vars().filter(|(k, _)| k.starts_with("HERALD_")) {
-            command.env_remove(key);
-        }
-        let child = command
-            .arg("run")
+        let child = run_command(&self.dir, &ready)
             .arg("--kubeconfig")
             .arg(&self.kubeconfig)
-            .arg("--data-dir")
-            .arg(self.dir.join("data"))
-            .arg("--listen")
-            .arg("127.0.0.1:0")
             .arg("--metrics-listen")
             .arg("127.0.0.1:0")
             .arg("--egress-allow")
             .arg("127.0.0.0/8")
-            .arg("--ready-file")
-            .arg(&ready)
             .args(&self.args)
             .env_remove("KUBECONFIG")
-            .env("RUST_LOG", "info")
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().unwrap())
-            .stderr(log)
             .spawn()
             .unwrap();
         self.child = Some(child);
