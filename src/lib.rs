@@ -12,3 +12,4 @@ pub mod run;
 pub mod signing;
 pub mod standalone;
 pub mod store;
+pub mod tls;

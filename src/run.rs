@@ -77,6 +77,21 @@ pub struct RunArgs {
         value_delimiter = ','
     )]
     egress_allow: Vec<ipnet::IpNet>,
+    /// PEM file of CA certificates (it may hold several) herald trusts for HTTPS receivers,
+    /// besides the system's roots: for receivers whose certificates a private CA issues.
+    /// Read at start.
+    #[arg(long, env = "HERALD_EGRESS_CA_FILE")]
+    egress_ca_file: Option<PathBuf>,
+    /// Serve the ingest API over HTTPS with this PEM certificate chain (with
+    /// --tls-key-file). Both files are looked at every few seconds and a changed pair is
+    /// used for new connections; a pair that cannot be used keeps the previous one and is
+    /// logged. /healthz, /readyz and /metrics on --metrics-listen stay plain HTTP.
+    #[arg(long, env = "HERALD_TLS_CERT_FILE", requires = "tls_key_file")]
+    tls_cert_file: Option<PathBuf>,
+    /// The PEM private key of --tls-cert-file (PKCS#8, RSA or EC). It must match the
+    /// certificate, or herald does not start.
+    #[arg(long, env = "HERALD_TLS_KEY_FILE", requires = "tls_cert_file")]
+    tls_key_file: Option<PathBuf>,
     /// The shared pool: attempts on the wire beyond each namespace's reserved floor, over
     /// all namespaces. Attempts on the wire are at most this plus
     /// --namespace-reserved-in-flight × namespaces with attempts on the wire.
@@ -135,7 +150,18 @@ impl RunArgs {
         let store = Arc::new(crate::store::timed::Timed(SqliteStore::open(
             &self.data_dir,
         )?));
-        let sender = HttpSender::new(EgressPolicy::new(self.egress_allow.clone()))?;
+        let extra_roots = match &self.egress_ca_file {
+            Some(path) => {
+                let roots = crate::tls::read_ca_certificates(path).context("--egress-ca-file")?;
+                tracing::info!(file = %path.display(), certificates = roots.len(), "receivers' certificates may also be issued by these CAs");
+                roots
+            }
+            None => Vec::new(),
+        };
+        let sender = HttpSender::with_extra_roots(
+            EgressPolicy::new(self.egress_allow.clone()),
+            extra_roots,
+        )?;
         Ok(Engine::new(
             store,
             sender,
@@ -148,6 +174,31 @@ impl RunArgs {
                 history_retention: Duration::from_secs(self.history_retention_hours * 3600),
             },
         ))
+    }
+}
+
+impl RunArgs {
+    /// The ingest API's TLS acceptor when --tls-cert-file and --tls-key-file are given: the
+    /// pair is loaded (any problem stops the start) and its files watched for changes.
+    fn ingest_tls(&self) -> anyhow::Result<Option<tokio_rustls::TlsAcceptor>> {
+        let (Some(cert), Some(key)) = (&self.tls_cert_file, &self.tls_key_file) else {
+            return Ok(None);
+        };
+        let tls = Arc::new(crate::tls::IngestTls::load(cert, key)?);
+        let acceptor = tls.acceptor()?;
+        let every = ingest::listener::env_duration("HERALD_INGEST_TLS_RELOAD_INTERVAL")?
+            .unwrap_or(crate::tls::RELOAD_INTERVAL);
+        tokio::spawn(tls.watch(every));
+        Ok(Some(acceptor))
+    }
+}
+
+/// The ingest API's URL as logged and written to the ready file.
+fn ingest_url(address: SocketAddr, tls: bool) -> String {
+    if tls {
+        format!("https://{address}")
+    } else {
+        format!("http://{address}")
     }
 }
 
@@ -273,10 +324,11 @@ fn health_router(readiness: Arc<Readiness>, engine: Arc<Engine>) -> axum::Router
         )
 }
 
-fn write_ready_file(path: &std::path::Path, lines: &[SocketAddr]) -> anyhow::Result<()> {
+/// Line 1: the ingest API (its address, or `https://` and its address when it serves TLS);
+/// line 2, when served: the address of /healthz, /readyz and /metrics.
+fn write_ready_file(path: &std::path::Path, lines: &[String]) -> anyhow::Result<()> {
     let tmp = path.with_extension("tmp");
-    let text: Vec<String> = lines.iter().map(ToString::to_string).collect();
-    std::fs::write(&tmp, text.join("\n"))?;
+    std::fs::write(&tmp, lines.join("\n"))?;
     std::fs::rename(&tmp, path)?;
     Ok(())
 }
@@ -300,6 +352,7 @@ async fn run_cluster(args: RunArgs) -> anyhow::Result<()> {
         access_review::KubeAuthorizer, reconcile::Context, status::StatusWriter, watch,
     };
     let _ = rustls::crypto::ring::default_provider().install_default();
+    let tls = args.ingest_tls()?;
     let client = kube_client(&args).await?;
     let engine = args.engine()?;
     let scope = watch::Scope(args.watch_namespaces.clone());
@@ -382,9 +435,15 @@ async fn run_cluster(args: RunArgs) -> anyhow::Result<()> {
         .await
         .with_context(|| format!("listening on {}", args.listen))?;
     let address = listener.local_addr()?;
-    tracing::info!(%address, health = %health_address, data_dir = %args.data_dir.display(), "herald is serving (cluster mode)");
+    let url = ingest_url(address, tls.is_some());
+    tracing::info!(%address, %url, health = %health_address, data_dir = %args.data_dir.display(), "herald is serving (cluster mode)");
     if let Some(path) = &args.ready_file {
-        write_ready_file(path, &[address, health_address])?;
+        let first = if tls.is_some() {
+            url
+        } else {
+            address.to_string()
+        };
+        write_ready_file(path, &[first, health_address.to_string()])?;
     }
     let app = ingest::router(ingest::Api {
         engine: engine.clone(),
@@ -392,7 +451,7 @@ async fn run_cluster(args: RunArgs) -> anyhow::Result<()> {
         max_body: args.max_body_bytes,
     });
     let limits = ingest::listener::Limits::from_env(args.max_in_flight)?;
-    ingest::listener::serve(listener, app, limits, terminated()).await?;
+    ingest::listener::serve(listener, app, limits, tls, terminated()).await?;
     stop(&engine, args.shutdown_timeout_seconds).await;
     Ok(())
 }
@@ -414,6 +473,7 @@ async fn stop(engine: &Engine, timeout_seconds: u64) {
 }
 
 async fn run_standalone(args: RunArgs, config_dir: PathBuf) -> anyhow::Result<()> {
+    let tls = args.ingest_tls()?;
     let engine = args.engine()?;
 
     // Configuration first, so that removals made while herald was down are purged before
@@ -431,15 +491,20 @@ async fn run_standalone(args: RunArgs, config_dir: PathBuf) -> anyhow::Result<()
         .await
         .with_context(|| format!("listening on {}", args.listen))?;
     let address = listener.local_addr()?;
-    tracing::info!(%address, data_dir = %args.data_dir.display(), config = %config_dir.display(), "herald is serving");
+    let url = ingest_url(address, tls.is_some());
+    tracing::info!(%address, %url, data_dir = %args.data_dir.display(), config = %config_dir.display(), "herald is serving");
     ingest::listener::warn_if_exposed(address, args.publish_token.is_some());
     let readiness = Arc::new(Readiness::default());
-    let mut announced = vec![address];
+    let mut announced = vec![if tls.is_some() {
+        url
+    } else {
+        address.to_string()
+    }];
     if let Some(health_address) = args.metrics_listen {
         let health = tokio::net::TcpListener::bind(health_address)
             .await
             .with_context(|| format!("listening on {health_address}"))?;
-        announced.push(health.local_addr()?);
+        announced.push(health.local_addr()?.to_string());
         tokio::spawn(
             axum::serve(health, metrics_router(readiness.clone(), engine.clone())).into_future(),
         );
@@ -455,7 +520,7 @@ async fn run_standalone(args: RunArgs, config_dir: PathBuf) -> anyhow::Result<()
     })
     .merge(health_router(readiness, engine.clone()));
     let limits = ingest::listener::Limits::from_env(args.max_in_flight)?;
-    ingest::listener::serve(listener, app, limits, terminated()).await?;
+    ingest::listener::serve(listener, app, limits, tls, terminated()).await?;
     stop(&engine, args.shutdown_timeout_seconds).await;
     Ok(())
 }

@@ -46,10 +46,24 @@ pub struct HttpSender {
 
 impl HttpSender {
     pub fn new(egress: EgressPolicy) -> anyhow::Result<Self> {
+        Self::with_extra_roots(egress, Vec::new())
+    }
+
+    /// A sender that trusts `extra_roots` (CA certificates, DER) for HTTPS receivers, besides
+    /// the system's roots that rustls-platform-verifier loads.
+    pub fn with_extra_roots(
+        egress: EgressPolicy,
+        extra_roots: Vec<rustls_pki_types::CertificateDer<'static>>,
+    ) -> anyhow::Result<Self> {
         // reqwest is built without a bundled crypto provider; use ring, as kube does.
         let _ = rustls::crypto::ring::default_provider().install_default();
         let egress = Arc::new(egress);
+        let extra_roots = extra_roots
+            .iter()
+            .map(|der| reqwest::Certificate::from_der(der))
+            .collect::<Result<Vec<_>, _>>()?;
         let client = reqwest::Client::builder()
+            .tls_certs_merge(extra_roots)
             .redirect(reqwest::redirect::Policy::none())
             .dns_resolver(Arc::new(GuardedResolver {
                 policy: egress.clone(),
@@ -188,11 +202,67 @@ fn egress_refusal(error: &reqwest::Error) -> Option<String> {
     None
 }
 
+/// The TLS error in `error`'s chain, if the handshake with the receiver failed.
+fn tls_error(error: &reqwest::Error) -> Option<&rustls::Error> {
+    let mut source = error.source();
+    while let Some(e) = source {
+        // rustls's error reaches reqwest wrapped in io::Errors (tokio-rustls, then
+        // hyper-rustls), whose source() skips what they wrap: unwrap them one by one.
+        let mut wrapped = e;
+        loop {
+            if let Some(tls) = wrapped.downcast_ref::<rustls::Error>() {
+                return Some(tls);
+            }
+            match wrapped
+                .downcast_ref::<std::io::Error>()
+                .and_then(|io| io.get_ref())
+            {
+                Some(inner) => wrapped = inner,
+                None => break,
+            }
+        }
+        source = e.source();
+    }
+    None
+}
+
+/// Why rustls refused a receiver's certificate, in words.
+fn certificate_problem(error: &rustls::CertificateError) -> String {
+    match error {
+        rustls::CertificateError::UnknownIssuer => {
+            "not issued by a CA herald trusts (UnknownIssuer; \
+             --egress-ca-file adds a private CA)"
+                .into()
+        }
+        rustls::CertificateError::NotValidForName => {
+            "certificate not valid for the receiver's host name".into()
+        }
+        e => e.to_string(),
+    }
+}
+
 /// A transport error in words, without anything secret (URLs carry no credentials: the
 /// schema refuses user info).
+///
+/// A refused receiver certificate (a name it is not valid for, an untrusted or expired
+/// issuer) says so first. Its attempt stays transient, like any other connect error, and
+/// is retried on the subscription's schedule: certificates are fixed by the receiver's
+/// owner (a renewal, the right certificate on a virtual host, cert-manager catching up)
+/// without anything changing on herald's side, so a terminal outcome would dead-letter
+/// events that a later attempt delivers. One that stays broken runs out of attempts and
+/// counts towards `disableAfterConsecutiveFailures` like a receiver that is down.
 fn describe(error: &reqwest::Error, timeout: Duration) -> String {
     if error.is_timeout() {
         return format!("timed out after {}ms", timeout.as_millis());
+    }
+    if let Some(tls) = tls_error(error) {
+        let text = match tls {
+            rustls::Error::InvalidCertificate(e) => {
+                format!("TLS certificate refused: {}", certificate_problem(e))
+            }
+            e => format!("TLS handshake failed: {e}"),
+        };
+        return text.chars().take(EXCERPT_BYTES).collect();
     }
     let mut text = if error.is_connect() {
         "connect error".to_string()

@@ -8,7 +8,10 @@
 //!
 //! Settings (environment; durations such as `250ms`, `10s`):
 //! `HERALD_INGEST_HEADER_TIMEOUT` (default 10s), `HERALD_INGEST_BODY_TIMEOUT` (30s),
-//! `HERALD_INGEST_MAX_CONNECTIONS` (1024, lowered to fit the descriptor limit).
+//! `HERALD_INGEST_MAX_CONNECTIONS` (1024, lowered to fit the descriptor limit),
+//! `HERALD_INGEST_TLS_RELOAD_INTERVAL` (5s: how often the TLS certificate and key files are
+//! looked at, with --tls-cert-file). Over TLS the handshake, too, must finish within the
+//! header-read timeout, and holds a place under the connection bound while it runs.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -55,22 +58,10 @@ impl Limits {
     /// [`RESERVED_DESCRIPTORS`] fit the descriptor limit together.
     pub fn from_env(max_in_flight: u32) -> anyhow::Result<Self> {
         let mut limits = Self::default();
-        let duration = |name: &str| -> anyhow::Result<Option<Duration>> {
-            match std::env::var(name) {
-                Err(_) => Ok(None),
-                Ok(text) => {
-                    let parsed: crate::api::duration::Duration = text
-                        .trim()
-                        .parse()
-                        .map_err(|e| anyhow::anyhow!("{name}: {e}"))?;
-                    Ok(Some(parsed.get().max(Duration::from_millis(1))))
-                }
-            }
-        };
-        if let Some(d) = duration("HERALD_INGEST_HEADER_TIMEOUT")? {
+        if let Some(d) = env_duration("HERALD_INGEST_HEADER_TIMEOUT")? {
             limits.header_read = d;
         }
-        if let Some(d) = duration("HERALD_INGEST_BODY_TIMEOUT")? {
+        if let Some(d) = env_duration("HERALD_INGEST_BODY_TIMEOUT")? {
             limits.body_read = d;
         }
         if let Ok(text) = std::env::var("HERALD_INGEST_MAX_CONNECTIONS") {
@@ -99,6 +90,21 @@ impl Limits {
             }
         }
         Ok(limits)
+    }
+}
+
+/// A duration from the environment variable `name` (such as `250ms`, `10s`), if set; at
+/// least a millisecond.
+pub fn env_duration(name: &str) -> anyhow::Result<Option<Duration>> {
+    match std::env::var(name) {
+        Err(_) => Ok(None),
+        Ok(text) => {
+            let parsed: crate::api::duration::Duration = text
+                .trim()
+                .parse()
+                .map_err(|e| anyhow::anyhow!("{name}: {e}"))?;
+            Ok(Some(parsed.get().max(Duration::from_millis(1))))
+        }
     }
 }
 
@@ -148,11 +154,14 @@ fn with_body_deadline(request: Request, limit: Duration) -> Request {
 }
 
 /// Serves `app` on `listener` with `limits` until `shutdown` resolves, then lets the
-/// requests in progress finish.
+/// requests in progress finish. With `tls`, every connection is a TLS one: its handshake
+/// holds a place under the connection bound and must finish within the header-read
+/// timeout, after which the request timeouts apply as over plain TCP.
 pub async fn serve(
     listener: TcpListener,
     app: Router,
     limits: Limits,
+    tls: Option<tokio_rustls::TlsAcceptor>,
     shutdown: impl Future<Output = ()>,
 ) -> std::io::Result<()> {
     let body_read = limits.body_read;
@@ -207,10 +216,32 @@ pub async fn serve(
             () = &mut shutdown => break,
         };
         let _ = stream.set_nodelay(true);
-        let connection = http.serve_connection(TokioIo::new(stream), service.clone());
-        let connection = graceful.watch(connection);
+        let Some(tls) = &tls else {
+            let connection = http.serve_connection(TokioIo::new(stream), service.clone());
+            let connection = graceful.watch(connection);
+            tokio::spawn(async move {
+                let _ = connection.await;
+                drop(permit);
+            });
+            continue;
+        };
+        // The handshake runs in the connection's task, never in this loop, so a client that
+        // stays silent holds only its own place, and only until the header-read timeout.
+        let handshake = tls.accept(stream);
+        let (http, service, watcher) = (http.clone(), service.clone(), graceful.watcher());
+        let handshake_timeout = limits.header_read;
         tokio::spawn(async move {
-            let _ = connection.await;
+            match tokio::time::timeout(handshake_timeout, handshake).await {
+                Ok(Ok(stream)) => {
+                    let connection = http.serve_connection(TokioIo::new(stream), service);
+                    let _ = watcher.watch(connection).await;
+                }
+                Ok(Err(e)) => tracing::debug!(error = %e, "ingest TLS handshake failed"),
+                Err(_) => tracing::debug!(
+                    timeout = ?handshake_timeout,
+                    "ingest TLS handshake did not finish in time"
+                ),
+            }
             drop(permit);
         });
     }

@@ -199,8 +199,14 @@ impl Herald {
                     self.hangup();
                 }
                 // Line 1: the ingest API; line 2, with --metrics-listen: the metrics port.
+                // Line 1 is `https://ADDRESS` when herald serves TLS.
                 let mut lines = address.lines();
-                self.base = format!("http://{}", lines.next().unwrap_or_default());
+                let ingest = lines.next().unwrap_or_default();
+                self.base = if ingest.contains("://") {
+                    ingest.to_string()
+                } else {
+                    format!("http://{ingest}")
+                };
                 self.metrics = lines.next().map(|a| format!("http://{a}"));
                 return;
             }
@@ -221,6 +227,11 @@ impl Herald {
                 Duration::from_millis(20)
             });
         }
+    }
+
+    /// Makes the API calls with this client (for an ingest API that serves TLS).
+    pub fn use_client(&mut self, client: reqwest::Client) {
+        self.http = client;
     }
 
     /// The herald process's id, while it runs.

@@ -5,3 +5,4 @@ pub mod control_plane;
 pub mod herald;
 pub mod operator;
 pub mod receiver;
+pub mod tls;

@@ -5,6 +5,7 @@
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -67,6 +68,8 @@ struct Shared {
 pub struct Receiver {
     pub base: String,
     shared: Arc<Shared>,
+    /// HTTPS receivers: TLS handshakes that failed (the client refused the certificate).
+    pub failed_handshakes: Arc<AtomicUsize>,
 }
 
 impl Receiver {
@@ -74,6 +77,50 @@ impl Receiver {
     pub async fn start() -> Self {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr: SocketAddr = listener.local_addr().unwrap();
+        let (shared, app) = Self::app();
+        tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+        Self {
+            base: format!("http://{addr}"),
+            shared,
+            failed_handshakes: Arc::default(),
+        }
+    }
+
+    /// Starts a receiver that speaks HTTPS with `tls` on a free loopback port, at
+    /// `https://localhost:PORT`; it behaves as [`Receiver::start`]'s.
+    pub async fn start_tls(tls: Arc<rustls::ServerConfig>) -> Self {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let (shared, app) = Self::app();
+        let acceptor = tokio_rustls::TlsAcceptor::from(tls);
+        let failed_handshakes = Arc::new(AtomicUsize::new(0));
+        let failed = failed_handshakes.clone();
+        tokio::spawn(async move {
+            loop {
+                let Ok((socket, _)) = listener.accept().await else {
+                    return;
+                };
+                let (acceptor, app, failed) = (acceptor.clone(), app.clone(), failed.clone());
+                tokio::spawn(async move {
+                    let Ok(stream) = acceptor.accept(socket).await else {
+                        failed.fetch_add(1, Ordering::SeqCst);
+                        return;
+                    };
+                    let service = hyper_util::service::TowerToHyperService::new(app);
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
+                        .await;
+                });
+            }
+        });
+        Self {
+            base: format!("https://localhost:{port}"),
+            shared,
+            failed_handshakes,
+        }
+    }
+
+    fn app() -> (Arc<Shared>, axum::Router) {
         let shared = Arc::new(Shared {
             behaviours: Mutex::new(HashMap::new()),
             hits: Mutex::new(Vec::new()),
@@ -84,11 +131,7 @@ impl Receiver {
         let app = axum::Router::new()
             .fallback(handle)
             .with_state(shared.clone());
-        tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
-        Self {
-            base: format!("http://{addr}"),
-            shared,
-        }
+        (shared, app)
     }
 
     pub fn url(&self, path: &str) -> String {
