@@ -232,28 +232,57 @@ impl IngestTls {
 mod tests {
     use super::*;
 
+    /// Whatever is wrong with a key file, the error names the file and quotes none of it,
+    /// even where the PEM parser's own error would (a malformed BEGIN line).
     #[test]
-    fn pem_problems_never_quote_the_file() {
-        let secret_line = b"-----BEGIN PRIVATE KEY----- s3cr3t-key-bytes\nAAAA\n";
-        let err = certified_key(
-            Path::new("c.pem"),
-            b"",
-            Path::new("k.pem"),
-            secret_line.as_slice(),
-        )
-        .unwrap_err();
-        assert!(err.starts_with("c.pem: holds no PEM certificate"), "{err}");
-        for text in [
-            secret_line.as_slice(),
-            b"-----BEGIN PRIVATE KEY-----\ns3cr3t!!\n-----END PRIVATE KEY-----\n",
-            b"-----BEGIN PRIVATE KEY-----\nczNjcjN0\n",
-        ] {
-            let err = PrivateKeyDer::from_pem_slice(text).err().map(|e| match e {
-                pem::Error::NoItemsFound => "none".to_string(),
-                e => pem_problem(&e),
-            });
-            let err = err.unwrap_or_default();
-            assert!(!err.contains("s3cr3t") && !err.contains("czNj"), "{err}");
+    fn key_file_errors_name_the_file_and_never_quote_it() {
+        let leaf = rcgen::generate_simple_self_signed(vec!["localhost".to_string()]).unwrap();
+        let cert = leaf.cert.pem();
+        let key = leaf.signing_key.serialize_pem();
+        let body = key.lines().nth(1).unwrap();
+        let cases: Vec<(String, &str)> = vec![
+            (
+                key[..key.len() / 2].to_string(),
+                "is not a readable PEM private key",
+            ),
+            (
+                format!("-----BEGIN PRIVATE KEY s3cr3t\n{body}\n"),
+                "is not a readable PEM private key",
+            ),
+            (
+                "-----BEGIN PRIVATE KEY-----\ns3cr3t!!\n-----END PRIVATE KEY-----\n".into(),
+                "is not a readable PEM private key",
+            ),
+            ("s3cr3t".into(), "holds no PEM private key"),
+            (key.replace(body, &body.replace('A', "B")), ""),
+        ];
+        for (text, expected) in cases {
+            let err = certified_key(
+                Path::new("/tls/tls.crt"),
+                cert.as_bytes(),
+                Path::new("/tls/tls.key"),
+                text.as_bytes(),
+            )
+            .err()
+            .unwrap_or_default();
+            assert!(
+                err.starts_with("/tls/tls.key: ") || err.contains("/tls/tls.key"),
+                "{err}"
+            );
+            assert!(err.contains(expected), "{err}");
+            assert!(
+                !err.contains("s3cr3t") && !err.contains(&body[..16]),
+                "{err}"
+            );
         }
+        assert!(
+            certified_key(
+                Path::new("c"),
+                cert.as_bytes(),
+                Path::new("k"),
+                key.as_bytes()
+            )
+            .is_ok()
+        );
     }
 }
