@@ -83,9 +83,10 @@ pub struct RunArgs {
     #[arg(long, env = "HERALD_EGRESS_CA_FILE")]
     egress_ca_file: Option<PathBuf>,
     /// Serve the ingest API over HTTPS with this PEM certificate chain (with
-    /// --tls-key-file). Both files are looked at every few seconds and a changed pair is
-    /// used for new connections; a pair that cannot be used keeps the previous one and is
-    /// logged. /healthz, /readyz and /metrics on --metrics-listen stay plain HTTP.
+    /// --tls-key-file). Both files are looked at every 5 s (HERALD_INGEST_TLS_RELOAD_INTERVAL)
+    /// and a changed pair is used for new connections; a pair that cannot be used keeps the
+    /// previous one and is logged. /healthz, /readyz and /metrics on --metrics-listen stay
+    /// plain HTTP.
     #[arg(long, env = "HERALD_TLS_CERT_FILE", requires = "tls_key_file")]
     tls_cert_file: Option<PathBuf>,
     /// The PEM private key of --tls-cert-file (PKCS#8, RSA or EC). It must match the
@@ -139,8 +140,9 @@ pub struct RunArgs {
     /// per subscription and outcome: mind the cardinality).
     #[arg(long, env = "HERALD_METRICS_SUBSCRIPTION_LABELS")]
     metrics_subscription_labels: bool,
-    /// Once serving, write the ingest API's address to this file (for scripts and tests);
-    /// a second line holds the address of /healthz, /readyz and /metrics when served.
+    /// Once serving, write the ingest API's address to this file (for scripts and tests;
+    /// `https://ADDRESS` when it serves TLS); a second line holds the address of /healthz,
+    /// /readyz and /metrics when served.
     #[arg(long)]
     ready_file: Option<PathBuf>,
 }
