@@ -33,15 +33,37 @@ spec:
           x-kubernetes-preserve-unknown-fields: true
 """
 
+# A stand-in for cert-manager's Certificate CRD (cert-manager itself is not installed here:
+# the Certificate is checked for shape in test_static.py, and accepted as an object here).
+CERTIFICATE_CRD = """\
+apiVersion: apiextensions.k8s.io/v1
+kind: CustomResourceDefinition
+metadata:
+  name: certificates.cert-manager.io
+spec:
+  group: cert-manager.io
+  scope: Namespaced
+  names: {plural: certificates, singular: certificate, kind: Certificate}
+  versions:
+    - name: v1
+      served: true
+      storage: true
+      schema:
+        openAPIV3Schema:
+          type: object
+          x-kubernetes-preserve-unknown-fields: true
+"""
+
 
 @pytest.fixture(scope="module")
 def cluster(cp):
     # Every namespace the renders use, with the restricted standard enforced.
     for namespace in ("herald-system", "team-a", "team-b"):
         cp.create_namespace(namespace, RESTRICTED)
-    cp.apply(SERVICE_MONITOR_CRD)
-    cp.kubectl("wait", "--for=condition=Established", "crd/servicemonitors.monitoring.coreos.com",
-               "--timeout=60s")
+    for crd, name in ((SERVICE_MONITOR_CRD, "servicemonitors.monitoring.coreos.com"),
+                      (CERTIFICATE_CRD, "certificates.cert-manager.io")):
+        cp.apply(crd)
+        cp.kubectl("wait", "--for=condition=Established", f"crd/{name}", "--timeout=60s")
     return cp
 
 

@@ -102,10 +102,16 @@ def test_every_value_is_in_the_schema_and_the_schema_is_closed():
         ("defaultQuota:\n  maxInFlight: 8\n", "/defaultQuota/maxInFlight"),
         ("egress:\n  allow: [10.0.0.1]\n", "/egress/allow/0"),
         ("image:\n  pullPolicy: Sometimes\n", "/image/pullPolicy"),
+        ("ingest:\n  tls:\n    enabled: true\n", "/ingest/tls"),
+        ("ingest:\n  tls:\n    enabled: true\n    certManager:\n      enabled: true\n",
+         "/ingest/tls/certManager/issuerRef/name"),
+        ("ingest:\n  tls:\n    certManager:\n      issuerRef:\n        kind: Cluster\n",
+         "/ingest/tls/certManager/issuerRef/kind"),
     ],
     ids=["unknown-top-level-key", "unknown-nested-key", "misspelt-switch", "string-for-integer",
          "string-for-list", "string-for-boolean", "quota-below-floor", "address-not-cidr",
-         "unknown-enum"],
+         "unknown-enum", "tls-without-secret-or-cert-manager", "cert-manager-without-issuer",
+         "unknown-issuer-kind"],
 )
 def test_schema_refuses_bad_values(tmp_path, values, complaint):
     bad = tmp_path / "bad.yaml"
@@ -210,6 +216,10 @@ def test_all_options_reach_the_objects():
     assert dashboard["metadata"]["namespace"] == "team-b"
     assert dashboard["metadata"]["labels"]["grafana_dashboard"] == "1"
     assert json.loads(dashboard["data"]["herald.json"])["uid"] == "herald-overview"
+    certificate = find(objects, "Certificate")
+    assert certificate["spec"]["secretName"] == "herald-webhooks-ingest-cert"
+    assert certificate["spec"]["issuerRef"]["kind"] == "ClusterIssuer"
+    assert env["HERALD_TLS_CERT_FILE"].endswith("/tls.crt")
 
 
 def test_large_numbers_reach_herald_as_integers(tmp_path):
@@ -296,6 +306,89 @@ def test_notes_tell_how_to_subscribe_publish_and_read_status():
                    "kubectl describe whsub", "watchNamespaces", "egress.allow",
                    "kubectl apply --server-side -f crds/"):
         assert needle in notes, needle
+
+
+# ---- ingest TLS --------------------------------------------------------------------------
+
+def ingest_tls_of(objects):
+    """The ingest TLS wiring of the rendered Deployment: the env, the mount of the Secret
+    and its volume (None when absent)."""
+    pod = find(objects, "Deployment")["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    env = env_of(container)
+    mount = next((m for m in container["volumeMounts"] if m["name"] == "ingest-tls"), None)
+    volume = next((v for v in pod["volumes"] if v["name"] == "ingest-tls"), None)
+    return env, mount, volume
+
+
+def test_ingest_tls_is_off_by_default():
+    objects = render()
+    env, mount, volume = ingest_tls_of(objects)
+    assert "HERALD_TLS_CERT_FILE" not in env and "HERALD_TLS_KEY_FILE" not in env
+    assert mount is None and volume is None
+    assert "Certificate" not in {o["kind"] for o in objects}
+    (ingest,) = [p for p in find(objects, "Service", "herald")["spec"]["ports"] if p["name"] == "ingest"]
+    assert "appProtocol" not in ingest
+
+
+def assert_serves_tls_from(objects, secret):
+    """herald gets both files of `secret`, mounted whole (a subPath would miss renewals),
+    read-only and readable by its group only; the probes stay on the plain metrics port."""
+    env, mount, volume = ingest_tls_of(objects)
+    assert volume["secret"] == {"secretName": secret, "defaultMode": 0o440}
+    assert mount["readOnly"] is True and "subPath" not in mount
+    assert env["HERALD_TLS_CERT_FILE"] == mount["mountPath"] + "/tls.crt"
+    assert env["HERALD_TLS_KEY_FILE"] == mount["mountPath"] + "/tls.key"
+    container = find(objects, "Deployment")["spec"]["template"]["spec"]["containers"][0]
+    for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
+        assert container[probe]["httpGet"]["port"] == "metrics", probe
+    service = find(objects, "Service")
+    (ingest,) = [p for p in service["spec"]["ports"] if p["name"] == "ingest"]
+    assert ingest["appProtocol"] == "https"
+
+
+def test_ingest_tls_from_an_existing_secret():
+    objects = render("--set", "ingest.tls.enabled=true", "--set", "ingest.tls.secretName=herald-tls")
+    assert_serves_tls_from(objects, "herald-tls")
+    assert "Certificate" not in {o["kind"] for o in objects}
+
+
+@pytest.mark.parametrize("release,namespace,secret", [
+    ("herald", "herald-system", None),
+    ("hooks", "platform", "hooks-cert"),
+], ids=["default-secret", "named-secret"])
+def test_ingest_tls_from_cert_manager(release, namespace, secret):
+    """cert-manager issues a certificate for exactly the names the ingest Service has in the
+    cluster, into the Secret herald mounts. (Rendering only: the test cluster has no
+    cert-manager; test_apply.py dry-runs it against a stand-in CRD.)"""
+    args = ["--set", "ingest.tls.enabled=true", "--set", "ingest.tls.certManager.enabled=true",
+            "--set", "ingest.tls.certManager.issuerRef.name=internal-ca",
+            "--set", "ingest.tls.certManager.issuerRef.kind=ClusterIssuer"]
+    if secret:
+        args += ["--set", f"ingest.tls.secretName={secret}"]
+    objects = render(*args, release=release, namespace=namespace)
+    service = find(objects, "Service")["metadata"]["name"]
+    certificate = find(objects, "Certificate")
+    assert certificate["apiVersion"] == "cert-manager.io/v1"
+    assert certificate["metadata"]["namespace"] == namespace
+    spec = certificate["spec"]
+    assert spec["dnsNames"] == [service, f"{service}.{namespace}", f"{service}.{namespace}.svc",
+                                f"{service}.{namespace}.svc.cluster.local"]
+    assert spec["issuerRef"] == {"name": "internal-ca", "kind": "ClusterIssuer",
+                                 "group": "cert-manager.io"}
+    assert "server auth" in spec["usages"]
+    assert spec["privateKey"]["rotationPolicy"] == "Always"
+    assert spec["secretName"] == (secret or f"{service}-ingest-tls")
+    assert_serves_tls_from(objects, spec["secretName"])
+
+
+def test_notes_give_the_https_url_with_tls():
+    out = helm("install", "herald", CHART, "--namespace", "herald-system", "--dry-run=client",
+               "--set", "ingest.tls.enabled=true", "--set", "ingest.tls.secretName=herald-tls").stdout
+    notes = out[out.index("NOTES:"):]
+    assert "https://herald.herald-system.svc:8080/v1/namespaces/shop/events" in notes
+    assert "--cacert" in notes and "herald-tls" in notes
+    assert "http://herald" not in notes
 
 
 # ---- config/ (kustomize) against the chart ----------------------------------------------

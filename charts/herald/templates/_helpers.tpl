@@ -96,3 +96,12 @@ each listed one through a Role). Kept in one place so that both grant the same.
   resources: ["subjectaccessreviews"]
   verbs: ["create"]
 {{- end -}}
+
+{{/* The Secret holding the ingest API's certificate and key (ingest.tls). */}}
+{{- define "herald.ingestTlsSecret" -}}
+{{- if .Values.ingest.tls.secretName -}}
+{{- .Values.ingest.tls.secretName -}}
+{{- else -}}
+{{- printf "%s-ingest-tls" (include "herald.fullname" .) | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
