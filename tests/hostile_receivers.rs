@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
-use support::herald::{Herald, secret, subscription};
+use support::herald::{Herald, secret, subscription, transient_message};
 use support::receiver::Receiver;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -250,18 +250,15 @@ async fn healthy_stays_prompt(
             herald.log()
         );
         let held_before = server.open.load(Ordering::SeqCst) > 0;
-        let id = format!("healthy-{all}");
-        let sent = Instant::now();
         herald
-            .publish(NS, json!({"id": id, "type": "healthy.ping"}))
+            .publish_promptly(
+                NS,
+                receiver,
+                &format!("healthy-{all}"),
+                "healthy.ping",
+                PROMPT,
+            )
             .await;
-        receiver
-            .wait_until(&format!("{id} at the healthy receiver"), PROMPT, |hits| {
-                hits.iter().any(|h| h.header("webhook-id") == id)
-            })
-            .await;
-        let took = sent.elapsed();
-        assert!(took < PROMPT, "{id} took {took:?}");
         if held_before && server.open.load(Ordering::SeqCst) > 0 {
             during += 1;
         }
@@ -273,13 +270,7 @@ async fn healthy_stays_prompt(
 
 /// Every attempt of one hostile event.
 async fn attempts(herald: &Herald, id: &str) -> Vec<Value> {
-    let (status, body) = herald
-        .get(&format!(
-            "/v1/namespaces/{NS}/subscriptions/hostile/events/{id}/attempts"
-        ))
-        .await;
-    assert_eq!(status, 200, "{body}");
-    body["items"].as_array().cloned().unwrap_or_default()
+    herald.event_attempts(NS, "hostile", id).await
 }
 
 async fn delivery_state(herald: &Herald, id: &str) -> Value {
@@ -449,9 +440,7 @@ async fn all_transient(herald: &Herald, ids: &[String], tries: usize, reason: &s
         let list = attempts(herald, id).await;
         assert_eq!(list.len(), tries, "{id}: {list:?}");
         for attempt in &list {
-            assert_eq!(attempt["outcome"], "Transient", "{attempt}");
-            assert!(attempt["statusCode"].is_null(), "{attempt}");
-            let message = attempt["message"].as_str().unwrap();
+            let message = transient_message(attempt);
             assert!(
                 message.contains("transport error") && message.contains(reason),
                 "{attempt}"

@@ -70,14 +70,28 @@ fn connector(ca: &Ca) -> tokio_rustls::TlsConnector {
     tokio_rustls::TlsConnector::from(Arc::new(config))
 }
 
-/// The certificate herald presents to a new connection (verified against `ca`).
-async fn presented(herald: &Herald, ca: &Ca) -> CertificateDer<'static> {
-    let tcp = TcpStream::connect(address(herald)).await.unwrap();
-    let tls = connector(ca)
+/// A new TLS connection to `address`, as `localhost`, trusting only `ca`.
+async fn tls_connect(address: &str, ca: &Ca) -> tokio_rustls::client::TlsStream<TcpStream> {
+    let tcp = TcpStream::connect(address).await.unwrap();
+    connector(ca)
         .connect(ServerName::try_from("localhost").unwrap(), tcp)
         .await
-        .unwrap();
+        .unwrap()
+}
+
+/// The certificate herald presents to a new connection (verified against `ca`).
+async fn presented(herald: &Herald, ca: &Ca) -> CertificateDer<'static> {
+    let tls = tls_connect(&address(herald), ca).await;
     tls.get_ref().1.peer_certificates().unwrap()[0].clone()
+}
+
+/// A new CA, a pair from it in a new folder, and herald serving it with `env`.
+fn serving(env: &[(&str, &str)]) -> (Ca, Files, Herald) {
+    let ca = Ca::new("herald test CA");
+    let files = Files::new();
+    write_pair(&files, &ca.leaf(&["localhost", "127.0.0.1"], 10));
+    let herald = start_tls(&ca, &files, &[secret(NS)], env);
+    (ca, files, herald)
 }
 
 /// Polls new connections until herald presents `leaf`, or panics at the deadline.
@@ -186,23 +200,22 @@ async fn a_rotated_pair_is_served_to_new_connections_and_a_broken_one_is_not() {
     assert_eq!(status, 202, "{body}");
 
     // A broken key (cut short, and one that is not PEM at all) keeps the second one.
-    let cut = &third.key_pem[..third.key_pem.len() / 2];
-    files.write("tls.key", cut);
     let broken = format!("{key_path}: is not a readable PEM private key");
-    herald.wait_log(&broken, 1, Duration::from_secs(30)).await;
-    assert_eq!(
-        presented(&herald, &ca).await,
-        second.der,
-        "a broken key was used"
-    );
-    files.write("tls.key", "not-a-key s3cr3t-material\n");
-    let missing = format!("{key_path}: holds no PEM private key");
-    herald.wait_log(&missing, 1, Duration::from_secs(30)).await;
-    assert_eq!(
-        presented(&herald, &ca).await,
-        second.der,
-        "a broken key was used"
-    );
+    let cut = &third.key_pem[..third.key_pem.len() / 2];
+    for (text, complaint) in [
+        (cut.to_string(), broken.clone()),
+        (
+            "not-a-key s3cr3t-material\n".to_string(),
+            format!("{key_path}: holds no PEM private key"),
+        ),
+    ] {
+        files.write("tls.key", &text);
+        herald
+            .wait_log(&complaint, 1, Duration::from_secs(30))
+            .await;
+        let now = presented(&herald, &ca).await;
+        assert_eq!(now, second.der, "a broken key was used: {complaint}");
+    }
 
     // A good pair again is taken up.
     write_pair(&files, &third);
@@ -252,16 +265,8 @@ async fn read_until_closed(
 /// serves TLS.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn plain_http_to_the_tls_port_is_closed_at_once() {
-    let ca = Ca::new("herald test CA");
-    let files = Files::new();
-    write_pair(&files, &ca.leaf(&["localhost", "127.0.0.1"], 10));
     // A header-read timeout far beyond the deadline below: closing is not a timeout.
-    let mut herald = start_tls(
-        &ca,
-        &files,
-        &[secret(NS)],
-        &[("HERALD_INGEST_HEADER_TIMEOUT", "60s")],
-    );
+    let (_ca, _files, mut herald) = serving(&[("HERALD_INGEST_HEADER_TIMEOUT", "60s")]);
     let mut plain = TcpStream::connect(address(&herald)).await.unwrap();
     plain
         .write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
@@ -278,23 +283,11 @@ async fn plain_http_to_the_tls_port_is_closed_at_once() {
 /// then sends nothing, are both cut at the header-read timeout.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn silent_tls_clients_are_cut_at_the_header_timeout() {
-    let ca = Ca::new("herald test CA");
-    let files = Files::new();
-    write_pair(&files, &ca.leaf(&["localhost", "127.0.0.1"], 10));
-    let herald = start_tls(
-        &ca,
-        &files,
-        &[secret(NS)],
-        &[("HERALD_INGEST_HEADER_TIMEOUT", "1s")],
-    );
+    let (ca, _files, herald) = serving(&[("HERALD_INGEST_HEADER_TIMEOUT", "1s")]);
     // Generous for a loaded machine, far below "never".
     let deadline = Duration::from_secs(15);
     let mut silent = TcpStream::connect(address(&herald)).await.unwrap();
-    let tcp = TcpStream::connect(address(&herald)).await.unwrap();
-    let mut idle = connector(&ca)
-        .connect(ServerName::try_from("localhost").unwrap(), tcp)
-        .await
-        .unwrap();
+    let mut idle = tls_connect(&address(&herald), &ca).await;
     let (_, took) =
         read_until_closed(&mut silent, deadline, "a client that never shakes hands").await;
     assert!(
@@ -324,18 +317,10 @@ async fn silent_tls_clients_are_cut_at_the_header_timeout() {
 /// once they go.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn handshakes_count_against_the_connection_bound() {
-    let ca = Ca::new("herald test CA");
-    let files = Files::new();
-    write_pair(&files, &ca.leaf(&["localhost", "127.0.0.1"], 10));
-    let herald = start_tls(
-        &ca,
-        &files,
-        &[secret(NS)],
-        &[
-            ("HERALD_INGEST_MAX_CONNECTIONS", "2"),
-            ("HERALD_INGEST_HEADER_TIMEOUT", "60s"),
-        ],
-    );
+    let (ca, _files, herald) = serving(&[
+        ("HERALD_INGEST_MAX_CONNECTIONS", "2"),
+        ("HERALD_INGEST_HEADER_TIMEOUT", "60s"),
+    ]);
     let mut held = Vec::new();
     for _ in 0..2 {
         held.push(TcpStream::connect(address(&herald)).await.unwrap());
@@ -349,13 +334,9 @@ async fn handshakes_count_against_the_connection_bound() {
         .await;
     // The next client waits in the kernel's backlog until a place frees.
     let next = tokio::spawn({
-        let (address, connector) = (address(&herald), connector(&ca));
+        let address = address(&herald);
         async move {
-            let tcp = TcpStream::connect(address).await.unwrap();
-            let mut tls = connector
-                .connect(ServerName::try_from("localhost").unwrap(), tcp)
-                .await
-                .unwrap();
+            let mut tls = tls_connect(&address, &ca).await;
             tls.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
                 .await
                 .unwrap();

@@ -13,16 +13,18 @@ RESTRICTED = {
     "pod-security.kubernetes.io/warn": "restricted",
 }
 
-# A stand-in for prometheus-operator's CRD, so that the API server knows ServiceMonitor.
-SERVICE_MONITOR_CRD = """\
+def stand_in_crd(group, plural, kind):
+    """A CustomResourceDefinition that accepts any object of `kind`, for a third party's
+    resource the chart renders without that third party being installed here."""
+    return f"""\
 apiVersion: apiextensions.k8s.io/v1
 kind: CustomResourceDefinition
 metadata:
-  name: servicemonitors.monitoring.coreos.com
+  name: {plural}.{group}
 spec:
-  group: monitoring.coreos.com
+  group: {group}
   scope: Namespaced
-  names: {plural: servicemonitors, singular: servicemonitor, kind: ServiceMonitor}
+  names: {{plural: {plural}, singular: {kind.lower()}, kind: {kind}}}
   versions:
     - name: v1
       served: true
@@ -33,26 +35,12 @@ spec:
           x-kubernetes-preserve-unknown-fields: true
 """
 
-# A stand-in for cert-manager's Certificate CRD (cert-manager itself is not installed here:
-# the Certificate is checked for shape in test_static.py, and accepted as an object here).
-CERTIFICATE_CRD = """\
-apiVersion: apiextensions.k8s.io/v1
-kind: CustomResourceDefinition
-metadata:
-  name: certificates.cert-manager.io
-spec:
-  group: cert-manager.io
-  scope: Namespaced
-  names: {plural: certificates, singular: certificate, kind: Certificate}
-  versions:
-    - name: v1
-      served: true
-      storage: true
-      schema:
-        openAPIV3Schema:
-          type: object
-          x-kubernetes-preserve-unknown-fields: true
-"""
+
+# prometheus-operator's ServiceMonitor, and cert-manager's Certificate: cert-manager is not
+# installed here, so its Certificate is checked for shape in test_static.py and accepted as
+# an object here.
+STAND_INS = [("monitoring.coreos.com", "servicemonitors", "ServiceMonitor"),
+             ("cert-manager.io", "certificates", "Certificate")]
 
 
 @pytest.fixture(scope="module")
@@ -60,10 +48,10 @@ def cluster(cp):
     # Every namespace the renders use, with the restricted standard enforced.
     for namespace in ("herald-system", "team-a", "team-b"):
         cp.create_namespace(namespace, RESTRICTED)
-    for crd, name in ((SERVICE_MONITOR_CRD, "servicemonitors.monitoring.coreos.com"),
-                      (CERTIFICATE_CRD, "certificates.cert-manager.io")):
-        cp.apply(crd)
-        cp.kubectl("wait", "--for=condition=Established", f"crd/{name}", "--timeout=60s")
+    for group, plural, kind in STAND_INS:
+        cp.apply(stand_in_crd(group, plural, kind))
+        cp.kubectl("wait", "--for=condition=Established", f"crd/{plural}.{group}",
+                   "--timeout=60s")
     return cp
 
 

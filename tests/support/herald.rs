@@ -3,7 +3,6 @@
 
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
@@ -91,6 +90,14 @@ pub fn quota(namespace: &str, max_in_flight: u32) -> Value {
     })
 }
 
+/// Asserts an attempt failed transiently without a status code (nothing answered it);
+/// returns its message.
+pub fn transient_message(attempt: &Value) -> &str {
+    assert_eq!(attempt["outcome"], "Transient", "{attempt}");
+    assert!(attempt["statusCode"].is_null(), "{attempt}");
+    attempt["message"].as_str().unwrap()
+}
+
 /// JSON merge patch (RFC 7386): objects merge, null removes, anything else replaces.
 pub fn merge(target: &mut Value, patch: &Value) {
     match (target, patch) {
@@ -106,8 +113,6 @@ pub fn merge(target: &mut Value, patch: &Value) {
         (t, p) => *t = p.clone(),
     }
 }
-
-static SEQ: AtomicU32 = AtomicU32::new(0);
 
 /// `herald run` on `dir`: its store in `dir/data`, its log appended to `dir/herald.log`, the
 /// ingest API on a free loopback port announced in `ready` (removed first). Settings come
@@ -146,12 +151,7 @@ impl Herald {
 
     /// As [`Herald::start`], with extra environment variables for herald.
     pub fn start_env(manifests: &[Value], args: &[&str], env: &[(&str, &str)]) -> Self {
-        let dir = std::env::temp_dir().join(format!(
-            "herald-it-{}-{}",
-            std::process::id(),
-            SEQ.fetch_add(1, Ordering::Relaxed)
-        ));
-        let _ = std::fs::remove_dir_all(&dir);
+        let dir = super::fresh_dir("herald-it");
         std::fs::create_dir_all(dir.join("config")).unwrap();
         let _ = rustls::crypto::ring::default_provider().install_default();
         let mut herald = Self {
@@ -360,14 +360,48 @@ impl Herald {
         body
     }
 
-    pub async fn deliveries(&self, namespace: &str, name: &str, state: &str) -> Vec<Value> {
-        let (status, body) = self
-            .get(&format!(
-                "/v1/namespaces/{namespace}/subscriptions/{name}/attempts?state={state}&limit=10000"
-            ))
-            .await;
+    /// The `items` of GET `path`, which must answer 200.
+    async fn items(&self, path: &str) -> Vec<Value> {
+        let (status, body) = self.get(path).await;
         assert_eq!(status, 200, "{body}");
         body["items"].as_array().cloned().unwrap_or_default()
+    }
+
+    pub async fn deliveries(&self, namespace: &str, name: &str, state: &str) -> Vec<Value> {
+        self.items(&format!(
+            "/v1/namespaces/{namespace}/subscriptions/{name}/attempts?state={state}&limit=10000"
+        ))
+        .await
+    }
+
+    /// Every attempt of event `id` to subscription `name`.
+    pub async fn event_attempts(&self, namespace: &str, name: &str, id: &str) -> Vec<Value> {
+        self.items(&format!(
+            "/v1/namespaces/{namespace}/subscriptions/{name}/events/{id}/attempts"
+        ))
+        .await
+    }
+
+    /// Publishes event `id` of type `kind` and asserts it reaches `receiver` within
+    /// `prompt` of the publish.
+    pub async fn publish_promptly(
+        &self,
+        namespace: &str,
+        receiver: &super::receiver::Receiver,
+        id: &str,
+        kind: &str,
+        prompt: Duration,
+    ) {
+        let sent = Instant::now();
+        self.publish(namespace, json!({"id": id, "type": kind}))
+            .await;
+        receiver
+            .wait_until(&format!("{id} at the receiver"), prompt, |hits| {
+                hits.iter().any(|h| h.header("webhook-id") == id)
+            })
+            .await;
+        let took = sent.elapsed();
+        assert!(took < prompt, "{id} took {took:?}");
     }
 
     /// Polls until `done` holds for the answer of GET `path`, or panics at the deadline.

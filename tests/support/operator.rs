@@ -4,7 +4,6 @@
 
 use std::path::PathBuf;
 use std::process::{Child, Command};
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
@@ -24,19 +23,11 @@ pub struct Operator {
     http: reqwest::Client,
 }
 
-static SEQ: AtomicU32 = AtomicU32::new(0);
-
 impl Operator {
     /// Starts herald in cluster mode and waits until /readyz says ok. `args` are extra
     /// `herald run` flags.
     pub async fn start(cp: &ControlPlane, args: &[&str]) -> Self {
-        let dir = std::env::temp_dir().join(format!(
-            "herald-op-{}-{}",
-            std::process::id(),
-            SEQ.fetch_add(1, Ordering::Relaxed)
-        ));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
+        let dir = super::fresh_dir("herald-op");
         let _ = rustls::crypto::ring::default_provider().install_default();
         let mut operator = Self {
             child: None,

@@ -3,7 +3,6 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU32, Ordering};
 
 use rcgen::{
     BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair, KeyUsagePurpose,
@@ -84,8 +83,6 @@ pub fn client_trusting(ca: &Ca) -> reqwest::Client {
         .unwrap()
 }
 
-static SEQ: AtomicU32 = AtomicU32::new(0);
-
 /// A folder of files for herald, removed on drop.
 pub struct Files {
     pub dir: PathBuf,
@@ -93,14 +90,9 @@ pub struct Files {
 
 impl Files {
     pub fn new() -> Self {
-        let dir = std::env::temp_dir().join(format!(
-            "herald-tls-{}-{}",
-            std::process::id(),
-            SEQ.fetch_add(1, Ordering::Relaxed)
-        ));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        Self { dir }
+        Self {
+            dir: super::fresh_dir("herald-tls"),
+        }
     }
 
     pub fn path(&self, name: &str) -> PathBuf {
