@@ -143,6 +143,67 @@ async fn a_malformed_chunk_size_is_a_json_400() {
     assert!(answer.contains("\"invalid_body\""), "{answer}");
 }
 
+/// Defect 9: the answers hyper writes by itself (a request line it cannot parse, a URI or a
+/// header section over its limits) have the documented JSON shape too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unparseable_requests_get_json_errors() {
+    let herald = Herald::start(&[secret(NS)], &[]);
+    let long_uri = format!(
+        "GET /v1/namespaces/{NS}/events?{} HTTP/1.1\r\nHost: x\r\n\r\n",
+        "a".repeat(70_000)
+    );
+    let big_headers = format!(
+        "GET /healthz HTTP/1.1\r\nHost: x\r\n{}\r\n",
+        (0..200)
+            .map(|i| format!("x-filler-{i}: {}\r\n", "b".repeat(2_000)))
+            .collect::<String>()
+    );
+    let cases: [(&str, &[u8], &str, &str); 4] = [
+        (
+            "a garbled request line",
+            b"GARBAGE\r\n\r\n",
+            "400",
+            "bad_request",
+        ),
+        (
+            "a header without a colon",
+            b"GET /healthz HTTP/1.1\r\nHost: x\r\nno colon here\r\n\r\n",
+            "400",
+            "bad_request",
+        ),
+        (
+            "a URI over the limit",
+            long_uri.as_bytes(),
+            "414",
+            "uri_too_long",
+        ),
+        (
+            "a header section over the limit",
+            big_headers.as_bytes(),
+            "431",
+            "headers_too_large",
+        ),
+    ];
+    for (what, request, status, code) in cases {
+        let (answer, _) = raw(&herald.base, request, Duration::from_secs(20));
+        let (head, body) = answer
+            .split_once("\r\n\r\n")
+            .unwrap_or_else(|| panic!("{what}: no complete answer: {answer:?}"));
+        assert!(
+            head.starts_with(&format!("HTTP/1.1 {status} ")),
+            "{what}: {head}"
+        );
+        assert!(
+            head.contains("content-type: application/json"),
+            "{what}: {head}"
+        );
+        let body: Value = serde_json::from_str(body)
+            .unwrap_or_else(|e| panic!("{what}: the body is not JSON ({e}): {body:?}"));
+        assert_eq!(body["error"]["code"], code, "{what}: {body}");
+        assert!(body["error"]["message"].is_string(), "{what}: {body}");
+    }
+}
+
 /// Reads until the server closes the connection; panics if it is still open at `deadline`.
 /// Returns what was read and when the connection closed.
 fn closed_within(stream: &mut TcpStream, deadline: Duration, what: &str) -> (String, Duration) {

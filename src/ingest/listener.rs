@@ -24,6 +24,8 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 
+use super::parse_errors::JsonParseErrors;
+
 /// Limits of the ingest listener.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Limits {
@@ -207,7 +209,8 @@ pub async fn serve(
             () = &mut shutdown => break,
         };
         let _ = stream.set_nodelay(true);
-        let connection = http.serve_connection(TokioIo::new(stream), service.clone());
+        let io = TokioIo::new(JsonParseErrors::new(stream));
+        let connection = http.serve_connection(io, service.clone());
         let connection = graceful.watch(connection);
         tokio::spawn(async move {
             let _ = connection.await;
