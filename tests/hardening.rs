@@ -1,6 +1,7 @@
 //! Issue 9 (hardening), against a real herald process on 127.0.0.1: an accepted event id is
 //! answered before any quota, unmatched events keep no body, the ingest listener times out
-//! slow and idle connections, malformed HTTP gets JSON errors. (A namespace's flood of
+//! slow and idle connections, malformed HTTP (hyper's own 400/414/431 too) gets JSON errors,
+//! and at its descriptor limit herald queues and recovers. (A namespace's flood of
 //! publishes turned away with 429 and Retry-After: tests/admission.rs.)
 
 mod support;
@@ -143,6 +144,67 @@ async fn a_malformed_chunk_size_is_a_json_400() {
     assert!(answer.contains("\"invalid_body\""), "{answer}");
 }
 
+/// Defect 9: the answers hyper writes by itself (a request line it cannot parse, a URI or a
+/// header section over its limits) have the documented JSON shape too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unparseable_requests_get_json_errors() {
+    let herald = Herald::start(&[secret(NS)], &[]);
+    let long_uri = format!(
+        "GET /v1/namespaces/{NS}/events?{} HTTP/1.1\r\nHost: x\r\n\r\n",
+        "a".repeat(70_000)
+    );
+    let big_headers = format!(
+        "GET /healthz HTTP/1.1\r\nHost: x\r\n{}\r\n",
+        (0..200)
+            .map(|i| format!("x-filler-{i}: {}\r\n", "b".repeat(2_000)))
+            .collect::<String>()
+    );
+    let cases: [(&str, &[u8], &str, &str); 4] = [
+        (
+            "a garbled request line",
+            b"GARBAGE\r\n\r\n",
+            "400",
+            "bad_request",
+        ),
+        (
+            "a header without a colon",
+            b"GET /healthz HTTP/1.1\r\nHost: x\r\nno colon here\r\n\r\n",
+            "400",
+            "bad_request",
+        ),
+        (
+            "a URI over the limit",
+            long_uri.as_bytes(),
+            "414",
+            "uri_too_long",
+        ),
+        (
+            "a header section over the limit",
+            big_headers.as_bytes(),
+            "431",
+            "headers_too_large",
+        ),
+    ];
+    for (what, request, status, code) in cases {
+        let (answer, _) = raw(&herald.base, request, Duration::from_secs(20));
+        let (head, body) = answer
+            .split_once("\r\n\r\n")
+            .unwrap_or_else(|| panic!("{what}: no complete answer: {answer:?}"));
+        assert!(
+            head.starts_with(&format!("HTTP/1.1 {status} ")),
+            "{what}: {head}"
+        );
+        assert!(
+            head.contains("content-type: application/json"),
+            "{what}: {head}"
+        );
+        let body: Value = serde_json::from_str(body)
+            .unwrap_or_else(|e| panic!("{what}: the body is not JSON ({e}): {body:?}"));
+        assert_eq!(body["error"]["code"], code, "{what}: {body}");
+        assert!(body["error"]["message"].is_string(), "{what}: {body}");
+    }
+}
+
 /// Reads until the server closes the connection; panics if it is still open at `deadline`.
 /// Returns what was read and when the connection closed.
 fn closed_within(stream: &mut TcpStream, deadline: Duration, what: &str) -> (String, Duration) {
@@ -260,4 +322,82 @@ async fn the_ingest_listener_bounds_connections_and_says_so() {
     drop(held);
     let (answer, _) = closed_within(&mut waiting, Duration::from_secs(20), "the waiting request");
     assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+}
+
+fn open_descriptors(pid: u32) -> u64 {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .count() as u64
+}
+
+/// Faults: herald at its descriptor limit degrades by queueing and never crashes. The limit
+/// is lowered while it runs to just above what it holds, silent connections take what is
+/// left, and 20 publishes and their deliveries (each needing a socket) still all complete
+/// once the listener's timeout frees descriptors.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn at_the_descriptor_limit_herald_queues_and_recovers() {
+    let receiver = Receiver::start().await;
+    let mut manifests = vec![secret(NS)];
+    manifests.push(subscription(
+        NS,
+        "orders",
+        &receiver.url("/orders"),
+        &["order.created"],
+        json!({"delivery": {"maxInFlight": 20, "retry": {"initialBackoff": "200ms", "maxBackoff": "1s"}}}),
+    ));
+    let mut herald = Herald::start_env(
+        &manifests,
+        ALLOW_LOOPBACK,
+        &[("HERALD_INGEST_HEADER_TIMEOUT", "2s")],
+    );
+    let pid = herald.pid().unwrap();
+    let limit = open_descriptors(pid) + 4;
+    rlimit::prlimit(
+        pid as i32,
+        rlimit::Resource::NOFILE,
+        Some((limit, limit)),
+        None,
+    )
+    .unwrap();
+    // Silent connections: herald accepts them until it is out of descriptors; the rest wait
+    // in the kernel's backlog.
+    let silent: Vec<TcpStream> = (0..16).map(|_| connect(&herald)).collect();
+    herald
+        .wait_log(
+            "accepting an ingest connection failed",
+            1,
+            Duration::from_secs(20),
+        )
+        .await;
+
+    let publishes = (0..20).map(|i| {
+        let herald = &herald;
+        async move {
+            herald
+                .publish(
+                    NS,
+                    json!({"id": format!("fd-{i}"), "type": "order.created", "data": {"n": i}}),
+                )
+                .await
+        }
+    });
+    let answers = futures::future::join_all(publishes).await;
+    assert_eq!(answers.len(), 20);
+    let hits = receiver
+        .wait_until("all 20 deliveries", Duration::from_secs(90), |hits| {
+            let ids: std::collections::HashSet<_> = hits
+                .iter()
+                .filter(|h| h.verified)
+                .map(|h| h.header("webhook-id").to_string())
+                .collect();
+            ids.len() >= 20
+        })
+        .await;
+    assert!(hits.iter().all(|h| h.path == "/orders"));
+    eprintln!(
+        "descriptor limit {limit}: 20 events delivered in {} requests",
+        hits.len()
+    );
+    assert!(herald.running(), "herald exited:\n{}", herald.log());
+    drop(silent);
 }

@@ -279,6 +279,27 @@ async fn plain_http_to_the_tls_port_is_closed_at_once() {
     assert!(herald.running());
 }
 
+/// Inside TLS, hyper's own answer to a request it cannot parse has the JSON error shape, as
+/// over plain TCP.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unparseable_request_over_tls_gets_a_json_error() {
+    let (ca, _files, herald) = serving(&[]);
+    let mut tls = tls_connect(&address(&herald), &ca).await;
+    tls.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\nno colon here\r\n\r\n")
+        .await
+        .unwrap();
+    let mut answer = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(20), tls.read_to_end(&mut answer)).await;
+    assert!(read.is_ok(), "no answer in 20s");
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(answer.starts_with("HTTP/1.1 400 "), "{answer}");
+    assert!(
+        answer.contains("content-type: application/json"),
+        "{answer}"
+    );
+    assert!(answer.contains("\"bad_request\""), "{answer}");
+}
+
 /// A client that connects and never starts the handshake, and one that completes it and
 /// then sends nothing, are both cut at the header-read timeout.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -7,7 +7,9 @@ use std::cmp::Reverse;
 use std::collections::{BTreeSet, BinaryHeap, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
+
+use super::clock::now_ms;
 
 use serde::Serialize;
 use serde_json::value::RawValue;
@@ -147,13 +149,6 @@ impl Drop for Running<'_> {
         self.0.running.fetch_sub(1, Ordering::AcqRel);
         self.0.finished.notify_waiters();
     }
-}
-
-pub fn now_ms() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap_or_default()
-        .as_millis() as i64
 }
 
 impl Engine {
@@ -562,6 +557,7 @@ impl Engine {
     pub fn spawn(self: &Arc<Self>) -> tokio::task::JoinHandle<()> {
         let engine = self.clone();
         let pruner = self.clone();
+        tokio::spawn(super::clock::watch_steps());
         tokio::spawn(async move {
             let mut every = tokio::time::interval(Duration::from_secs(600));
             loop {

@@ -3,6 +3,7 @@
 //! guard ([`egress`]), outcome classes ([`outcome`]) and retries ([`retry`]).
 
 pub mod admission;
+pub mod clock;
 pub mod egress;
 pub mod engine;
 pub mod http;

@@ -27,6 +27,8 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 
+use super::parse_errors::JsonParseErrors;
+
 /// Limits of the ingest listener.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Limits {
@@ -217,7 +219,8 @@ pub async fn serve(
         };
         let _ = stream.set_nodelay(true);
         let Some(tls) = &tls else {
-            let connection = http.serve_connection(TokioIo::new(stream), service.clone());
+            let io = TokioIo::new(JsonParseErrors::new(stream));
+            let connection = http.serve_connection(io, service.clone());
             let connection = graceful.watch(connection);
             tokio::spawn(async move {
                 let _ = connection.await;
@@ -233,7 +236,9 @@ pub async fn serve(
         tokio::spawn(async move {
             match tokio::time::timeout(handshake_timeout, handshake).await {
                 Ok(Ok(stream)) => {
-                    let connection = http.serve_connection(TokioIo::new(stream), service);
+                    // Inside TLS: hyper's parse-error answers are rewritten before encryption.
+                    let io = TokioIo::new(JsonParseErrors::new(stream));
+                    let connection = http.serve_connection(io, service);
                     let _ = watcher.watch(connection).await;
                 }
                 Ok(Err(e)) => tracing::debug!(error = %e, "ingest TLS handshake failed"),

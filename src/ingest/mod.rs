@@ -4,6 +4,7 @@
 
 pub mod auth;
 pub mod listener;
+mod parse_errors;
 
 use std::sync::Arc;
 
