@@ -393,15 +393,31 @@ fn resolve_secrets(
         .collect()
 }
 
+/// mimalloc's option number for its purge delay (`mi_option_purge_delay`, mimalloc.h v2).
+const MI_OPTION_PURGE_DELAY: i32 = 15;
+
+/// While a folder is read, freed memory goes back to the system at once: parsing 100,000
+/// manifests peaks far above what herald keeps, and the allocator (mimalloc, see main.rs)
+/// otherwise keeps freed pages until the thread owning them allocates again.
+#[allow(unsafe_code)]
+fn purge_at_once(at_once: bool) {
+    // SAFETY: plain calls into the allocator's option setter and collector.
+    unsafe {
+        libmimalloc_sys::mi_option_set(MI_OPTION_PURGE_DELAY, if at_once { 0 } else { 10 });
+        if !at_once {
+            libmimalloc_sys::mi_collect(true);
+        }
+    }
+}
+
 /// Keeps the engine in step with the folder.
 pub struct FolderSync {
     engine: Arc<Engine>,
     dir: PathBuf,
-    /// (namespace, name) → uid of the subscriptions the engine runs.
-    known: HashMap<Key, String>,
-    /// What was last applied per subscription (spec and resolved secrets), so a reload only
-    /// touches what changed.
-    applied: HashMap<Key, Applied>,
+    /// (namespace, name) → the subscription the engine runs: its uid and what was last
+    /// applied (a digest of spec and resolved secrets, so a reload only touches what changed;
+    /// a digest rather than a copy: a large folder should not be held in memory twice).
+    known: HashMap<Key, Known>,
     quota_namespaces: Vec<String>,
     /// SIGHUP, listened to from [`FolderSync::new`] on: herald announces readiness after
     /// that, and a SIGHUP that finds no handler would end the process.
@@ -428,9 +444,14 @@ fn poll_interval() -> anyhow::Result<Option<Duration>> {
     }
 }
 
-/// A digest of a subscription's spec and resolved secrets, as last applied (a digest rather
-/// than a copy: a large folder should not be held in memory twice).
+/// A digest of a subscription's spec and resolved secrets, as last applied.
 type Applied = [u8; 32];
+
+struct Known {
+    uid: String,
+    /// None until applied by this process (known from the store only).
+    applied: Option<Applied>,
+}
 
 type UpsertResult = Result<
     Result<(Key, String, Applied), crate::delivery::engine::EngineError>,
@@ -448,7 +469,13 @@ impl FolderSync {
             .stored_subscriptions()
             .await?
             .into_iter()
-            .map(|s| ((s.namespace, s.name), s.uid))
+            .map(|s| {
+                let known = Known {
+                    uid: s.uid,
+                    applied: None,
+                };
+                ((s.namespace, s.name), known)
+            })
             .collect();
         let hangup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
             .map_err(|e| anyhow::anyhow!("listening for SIGHUP: {e}"))?;
@@ -456,7 +483,6 @@ impl FolderSync {
             engine,
             dir,
             known,
-            applied: HashMap::new(),
             quota_namespaces: Vec::new(),
             hangup: Some(hangup),
             poll: poll_interval()?,
@@ -467,31 +493,61 @@ impl FolderSync {
     /// Reads the folder and applies it. A folder that does not load, or holds an invalid
     /// subscription, changes nothing.
     pub async fn apply(&mut self) -> anyhow::Result<()> {
+        purge_at_once(true);
+        let applied = self.apply_folder().await;
+        purge_at_once(false);
+        applied
+    }
+
+    async fn apply_folder(&mut self) -> anyhow::Result<()> {
         self.seen = fingerprint(&self.dir).ok();
-        let manifests = load(&self.dir)?;
-        check_removal(&self.dir, &manifests, self.known.len())?;
-        let mut changed = Vec::new();
-        for (key, spec) in &manifests.subscriptions {
-            let (namespace, name) = key;
-            let secrets = resolve_secrets(&manifests, namespace, spec);
-            let applied =
-                crate::delivery::config_digest(spec, secrets.as_deref().map_err(String::as_str));
-            if self.applied.get(key) == Some(&applied) {
-                continue;
-            }
+        // Read, validate and compare on a thread of its own: the short-lived allocations of
+        // parsing then fill an allocator arena of their own, given back whole afterwards,
+        // instead of leaving holes between what the engine keeps (100,000 subscriptions read
+        // in place: ~435 MB RSS). Only what the engine keeps is built here, on this thread.
+        let (manifests, changed) = std::thread::scope(|scope| {
+            scope
+                .spawn(|| -> anyhow::Result<_> {
+                    let manifests = load(&self.dir)?;
+                    check_removal(&self.dir, &manifests, self.known.len())?;
+                    let changed: Vec<_> = manifests
+                        .subscriptions
+                        .iter()
+                        .filter_map(|((namespace, name), spec)| {
+                            let secrets = resolve_secrets(&manifests, namespace, spec);
+                            let applied = crate::delivery::config_digest(
+                                spec,
+                                secrets.as_deref().map_err(String::as_str),
+                            );
+                            let key = (namespace.clone(), name.clone());
+                            (self.known.get(&key).and_then(|k| k.applied) != Some(applied))
+                                .then_some((key, secrets, applied))
+                        })
+                        .collect();
+                    Ok((manifests, changed))
+                })
+                .join()
+                .map_err(|_| anyhow::anyhow!("reading {} panicked", self.dir.display()))?
+        })?;
+
+        // Every changed subscription is built (and so checked) before any is applied.
+        let mut configs = Vec::with_capacity(changed.len());
+        for (key, secrets, applied) in changed {
+            let spec = &manifests.subscriptions[&key];
             let uid = self
                 .known
-                .get(key)
-                .cloned()
+                .get(&key)
+                .map(|k| k.uid.clone())
                 .unwrap_or_else(|| uuid::Uuid::now_v7().to_string());
-            let config =
-                SubscriptionConfig::from_spec(uid, namespace.clone(), name.clone(), spec, secrets)
-                    .map_err(|e| anyhow::anyhow!("WebhookSubscription {namespace}/{name}: {e}"))?;
-            changed.push((config, applied));
+            // Names are copied here: what the reading thread allocated is all given back.
+            let (namespace, name) = (key.0.clone(), key.1.clone());
+            let config = SubscriptionConfig::from_spec(uid, namespace, name, spec, secrets)
+                .map_err(|e| anyhow::anyhow!("WebhookSubscription {}/{}: {e}", key.0, key.1))?;
+            configs.push((config, applied));
         }
 
         let mut upserts = tokio::task::JoinSet::new();
-        for (config, applied) in changed {
+        for (config, applied) in configs {
             if let Some(reason) = &config.not_ready {
                 tracing::warn!(namespace = %config.namespace, subscription = %config.name, reason, "subscription is not ready; its events wait");
             }
@@ -515,10 +571,9 @@ impl FolderSync {
             .cloned()
             .collect();
         for key in gone {
-            if let Some(uid) = self.known.get(&key).cloned() {
+            if let Some(uid) = self.known.get(&key).map(|k| k.uid.clone()) {
                 let purged = self.engine.remove(&key.0, &uid).await?;
                 self.known.remove(&key);
-                self.applied.remove(&key);
                 tracing::info!(namespace = %key.0, subscription = %key.1, purged, "subscription removed; its pending attempts are purged");
             }
         }
@@ -549,8 +604,8 @@ impl FolderSync {
     fn upserted(&mut self, done: Option<UpsertResult>) -> anyhow::Result<()> {
         let Some(done) = done else { return Ok(()) };
         let (key, uid, applied) = done??;
-        self.known.insert(key.clone(), uid);
-        self.applied.insert(key, applied);
+        let applied = Some(applied);
+        self.known.insert(key, Known { uid, applied });
         Ok(())
     }
 

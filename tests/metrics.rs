@@ -289,3 +289,70 @@ async fn per_subscription_labels_only_behind_the_flag() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+/// Issue 10: idle subscriptions cost nothing at start. 500 subscriptions with nothing
+/// pending make no claim on the store (each used to ask it once, 100,000 times at 100,000
+/// subscriptions); after a restart, the one with pending work is still woken and delivers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_subscriptions_are_not_claimed_for_at_start() {
+    let receiver = Receiver::start().await;
+    let mut list = vec![secret(NS)];
+    for n in 0..500 {
+        list.push(subscription(
+            NS,
+            &format!("idle-{n}"),
+            &receiver.url(&format!("/idle-{n}")),
+            &[&format!("idle.{n}")],
+            json!({}),
+        ));
+    }
+    let args = [
+        "--egress-allow",
+        "127.0.0.0/8",
+        "--metrics-listen",
+        "127.0.0.1:0",
+    ];
+    let claims = |samples: &Samples| {
+        value(
+            samples,
+            "herald_store_operation_duration_seconds_count",
+            &[("operation", "claim_next")],
+        )
+    };
+    let mut herald = Herald::start(&list, &args);
+    // Readiness follows the first apply; give the dispatcher a moment it would use to claim.
+    herald.publish(NS, json!({"type": "nobody.listens"})).await;
+    let samples = scrape(&herald).await;
+    assert_eq!(
+        claims(&samples),
+        0.0,
+        "claims at start with nothing pending"
+    );
+
+    // Pending work survives a restart and is claimed for: an event whose first attempt failed.
+    receiver.set("/idle-7", Behaviour::Status(503));
+    herald
+        .publish(NS, json!({"id": "kept", "type": "idle.7"}))
+        .await;
+    receiver
+        .wait_until("the first attempt", Duration::from_secs(30), |h| {
+            h.len() == 1
+        })
+        .await;
+    herald.kill();
+    receiver.set("/idle-7", Behaviour::Status(204));
+    herald.restart();
+    receiver
+        .wait_until(
+            "the retry after the restart",
+            Duration::from_secs(60),
+            |h| h.len() >= 2,
+        )
+        .await;
+    let samples = scrape(&herald).await;
+    assert!(
+        claims(&samples) < 20.0,
+        "only the lane with work claims: {}",
+        claims(&samples)
+    );
+}

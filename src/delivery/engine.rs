@@ -4,7 +4,7 @@
 //! small entry per subscription and one per attempt on the wire.
 
 use std::cmp::Reverse;
-use std::collections::{BTreeSet, BinaryHeap, HashMap};
+use std::collections::{BTreeSet, BinaryHeap, HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -105,6 +105,9 @@ struct Inner {
     timers: BinaryHeap<Reverse<(i64, String)>>,
     timer_at: HashMap<String, i64>,
     pending: HashMap<String, u64>,
+    /// Subscriptions the store held pending work for at [`Engine::recover`] that had no lane
+    /// yet (the operator adds lanes after recovering): woken when their lane is added.
+    recovered: HashSet<String>,
     /// Per-namespace pending limits from WebhookQuota objects.
     pending_limits: HashMap<String, u64>,
     /// Publishes in progress per namespace (fair admission).
@@ -169,6 +172,7 @@ impl Engine {
                 timers: BinaryHeap::new(),
                 timer_at: HashMap::new(),
                 pending: HashMap::new(),
+                recovered: HashSet::new(),
                 pending_limits: HashMap::new(),
                 admission: Admission::new(config.namespace_max_concurrent_publishes),
             }),
@@ -220,7 +224,11 @@ impl Engine {
         inner.pending.clear();
         for (uid, namespace, count) in pending {
             *inner.pending.entry(namespace).or_default() += count;
-            inner.scheduler.wake(&uid);
+            if inner.subs.contains_key(&uid) {
+                inner.scheduler.wake(&uid);
+            } else {
+                inner.recovered.insert(uid);
+            }
         }
         drop(inner);
         self.wakeup.notify_one();
@@ -259,9 +267,15 @@ impl Engine {
         inner
             .by_name
             .insert((config.namespace.clone(), config.name.clone()), uid.clone());
+        // Only a lane that may have due work is woken: one released from hold, or one the
+        // store had work for at recovery. A new or merely changed lane has nothing due that a
+        // publish, a timer or recovery would not wake it for, and waking every lane would make
+        // a start with 100,000 subscriptions ask the store 100,000 times for nothing.
         let held = config.held();
+        let was_held = inner.subs.get(&uid).map(|old| old.held());
+        let recovered = inner.recovered.remove(&uid);
         inner.subs.insert(uid.clone(), config);
-        if !held {
+        if !held && (was_held == Some(true) || recovered) {
             inner.scheduler.wake(&uid);
         }
         drop(inner);
