@@ -53,6 +53,15 @@ impl Scope {
 /// Before dispatching anything after a start: every subscription the store holds as live
 /// whose object is gone, or is being deleted, is purged and fenced now. Fails (and herald
 /// does not start delivering) when the API server cannot be listed.
+/// What the cache keeps of a WebhookSubscription: neither managedFields nor annotations
+/// other than herald's own (kubectl's last-applied-configuration alone is a copy of the whole
+/// object), which herald never reads; with 100,000 subscriptions that is most of the cache.
+fn trim_for_cache(obj: &mut WebhookSubscription) {
+    obj.managed_fields_mut().clear();
+    obj.annotations_mut()
+        .retain(|key, _| key.starts_with("herald.dev/"));
+}
+
 pub async fn purge_deleted_while_down(
     client: &kube::Client,
     engine: &Engine,
@@ -149,7 +158,7 @@ pub async fn run_subscriptions(
         let synced = synced.clone();
         let subscriptions = watcher(api, watcher::Config::default())
             .default_backoff()
-            .modify(|obj| obj.managed_fields_mut().clear())
+            .modify(trim_for_cache)
             .reflect(writer)
             .inspect(move |event| {
                 if let Ok(watcher::Event::InitDone) = event {
@@ -273,5 +282,35 @@ async fn apply_quota(
         if let Err(e) = write_quota_status(client, quota, i == winner, &winner_name).await {
             tracing::debug!(error = %e, namespace, quota = %quota.name_any(), "quota status not written; retried on the next change");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_cache_keeps_only_herald_annotations() {
+        let mut obj: WebhookSubscription = serde_json::from_value(serde_json::json!({
+            "apiVersion": "herald.dev/v1alpha1",
+            "kind": "WebhookSubscription",
+            "metadata": {
+                "name": "orders", "namespace": "shop",
+                "annotations": {
+                    "kubectl.kubernetes.io/last-applied-configuration": "{\"a whole copy\":1}",
+                    "herald.dev/reenable": "2026-11-30",
+                },
+                "managedFields": [{"manager": "kubectl", "operation": "Apply"}],
+                "finalizers": ["herald.dev/purge"],
+            },
+            "spec": {"url": "https://example.com/hook", "eventTypes": ["*"],
+                     "signing": {"secretRef": {"name": "s", "key": "k"}}},
+        }))
+        .unwrap();
+        trim_for_cache(&mut obj);
+        let annotations: Vec<_> = obj.annotations().keys().collect();
+        assert_eq!(annotations, ["herald.dev/reenable"]);
+        assert!(obj.managed_fields().is_empty());
+        assert_eq!(obj.finalizers(), ["herald.dev/purge"]);
     }
 }
