@@ -128,32 +128,31 @@ async fn main() {
             thousands(open),
             held.div_ceil(PER_NAMESPACE)
         );
-        let p50_figure = report.add(
-            &format!("isolation.held_{held}.p50"),
-            &format!("{what}, p50"),
-            ms(p50),
-            "ms",
-        );
-        if let Some((_, _, n50, _)) = none.filter(|_| held > 0) {
-            p50_figure.reference("p50 with none held, same run", ms(n50));
-        }
-        let p99_figure = report.add(
-            &format!("isolation.held_{held}.p99"),
-            &format!("{what}, p99"),
-            ms(p99),
-            "ms",
-        );
-        if let Some((_, _, _, n99)) = none.filter(|_| held > 0) {
-            p99_figure.reference("p99 with none held, same run", ms(n99));
-        }
-        match held {
-            1000 if none.is_some() => {
-                p99_figure.target(Target::RatioAtMost(1.5));
+        for (quantile, value, reference) in [
+            ("p50", p50, none.map(|n| n.2)),
+            ("p99", p99, none.map(|n| n.3)),
+        ] {
+            let figure = report.add(
+                &format!("isolation.held_{held}.{quantile}"),
+                &format!("{what}, {quantile}"),
+                ms(value),
+                "ms",
+            );
+            if let Some(reference) = reference.filter(|_| held > 0) {
+                figure.reference(
+                    &format!("{quantile} with none held, same run"),
+                    ms(reference),
+                );
             }
-            10000 => {
-                p99_figure.target(Target::Below(50.0));
+            match (quantile, held) {
+                ("p99", 1000) if reference.is_some() => {
+                    figure.target(Target::RatioAtMost(1.5));
+                }
+                ("p99", 10000) => {
+                    figure.target(Target::Below(50.0));
+                }
+                _ => {}
             }
-            _ => {}
         }
     }
     report.finish();

@@ -108,25 +108,14 @@ async fn main() {
     let (start_none, none) = idle_run(&receiver, 0).await;
     let (start_many, many) = idle_run(&receiver, subscriptions).await;
     let subs = thousands(subscriptions);
-    let what = format!("{subs} idle subscriptions, standalone, once serving");
-    report
-        .add(
-            "memory.standalone.rss",
-            &format!("RSS with {what}"),
-            many.rss_mb,
-            "MB",
-        )
-        .reference("RSS with no subscription, same run", none.rss_mb)
-        .target(Target::AtMost(200.0));
-    report
-        .add(
-            "memory.standalone.hwm",
-            &format!("peak RSS (VmHWM) with {what}"),
-            many.hwm_mb,
-            "MB",
-        )
-        .reference("peak RSS with no subscription, same run", none.hwm_mb)
-        .target(Target::AtMost(200.0));
+    report.memory(
+        "memory.standalone",
+        &format!("{subs} idle subscriptions, standalone, once serving"),
+        many,
+        "no subscription, same run",
+        none,
+        Some(Target::AtMost(200.0)),
+    );
     report
         .add(
             "startup.standalone",
@@ -143,26 +132,14 @@ async fn main() {
     let (few, few_rate) = backlog_run(small, small as usize).await;
     let (lots, lots_rate) = backlog_run(large, small as usize).await;
     let (small_n, large_n) = (thousands(small), thousands(large));
-    let what = format!("{large_n} pending deliveries, after delivering {small_n} of them");
-    let reference = format!("with {small_n} pending, after delivering them all, same run");
-    report
-        .add(
-            "memory.pending.rss",
-            &format!("RSS with {what}"),
-            lots.rss_mb,
-            "MB",
-        )
-        .reference(&format!("RSS {reference}"), few.rss_mb)
-        .target(Target::RatioAtMost(1.2));
-    report
-        .add(
-            "memory.pending.hwm",
-            &format!("peak RSS (VmHWM) with {what}"),
-            lots.hwm_mb,
-            "MB",
-        )
-        .reference(&format!("peak RSS {reference}"), few.hwm_mb)
-        .target(Target::RatioAtMost(1.2));
+    report.memory(
+        "memory.pending",
+        &format!("{large_n} pending deliveries, after delivering {small_n} of them"),
+        lots,
+        &format!("{small_n} pending, after delivering them all, same run"),
+        few,
+        Some(Target::RatioAtMost(1.2)),
+    );
     report
         .add(
             "throughput.backlog_drain",

@@ -222,24 +222,15 @@ async fn main() {
     eprintln!(
         "{subscriptions} subscriptions created in {created:.2?}, reconciled in {reconciled:.2?}; {before:?} → {after:?}"
     );
-    let what = format!("{subs_n} idle subscriptions reconciled, cluster mode");
-    let reference = "with 1 subscription, just before, same run";
-    report
-        .add(
-            "memory.cluster.rss",
-            &format!("RSS with {what}"),
-            after.rss_mb,
-            "MB",
-        )
-        .reference(&format!("RSS {reference}"), before.rss_mb);
-    report
-        .add(
-            "memory.cluster.hwm",
-            &format!("peak RSS (VmHWM) with {what}"),
-            after.hwm_mb,
-            "MB",
-        )
-        .reference(&format!("peak RSS {reference}"), before.hwm_mb);
+    let reference = "1 subscription, just before, same run";
+    report.memory(
+        "memory.cluster",
+        &format!("{subs_n} idle subscriptions reconciled, cluster mode"),
+        after,
+        reference,
+        before,
+        (subscriptions >= PROJECTED).then_some(Target::AtMost(200.0)),
+    );
     let slope_kib = (after.rss_mb - before.rss_mb) * 1e6 / 1024.0 / subscriptions as f64;
     report.add(
         "memory.cluster.per_subscription",
@@ -259,7 +250,7 @@ async fn main() {
     };
     report
         .add("memory.cluster.projected_100k", &label, projected, "MB")
-        .reference(&format!("RSS {reference}"), before.rss_mb)
+        .reference(&format!("RSS with {reference}"), before.rss_mb)
         .target(Target::AtMost(200.0));
     report
         .add(

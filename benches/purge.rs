@@ -71,7 +71,11 @@ fn main() {
                 "s",
             )
             .reference(
-                "writing those rows: one transaction of INSERTs",
+                &format!(
+                    "writing those rows ({} events, {} deliveries) in one transaction of INSERTs",
+                    thousands(pending),
+                    thousands(pending + pending.div_ceil(100))
+                ),
                 seeded.as_secs_f64(),
             )
             .target(Target::AtMost(5.0));

@@ -271,7 +271,7 @@ def plot(report, path):
     iso.set_yscale("log")
     iso.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
     iso.set_title("Isolation: a healthy subscription's latency")
-    iso.legend(fontsize=8)
+    iso.legend(fontsize=8, loc="center right")
 
     bare = figures["throughput.end_to_end"]["reference"]
     bars = [

@@ -221,6 +221,36 @@ impl Report {
         self.figures.last_mut().unwrap()
     }
 
+    /// Two figures of one reading of /proc: `<prefix>.rss` (VmRSS) and `<prefix>.hwm`
+    /// (VmHWM, the peak), "with `what`", each against the same field of `reference` (a
+    /// reading "with `reference_what`"), both with `target` if any.
+    pub fn memory(
+        &mut self,
+        prefix: &str,
+        what: &str,
+        value: Memory,
+        reference_what: &str,
+        reference: Memory,
+        target: Option<Target>,
+    ) {
+        for (field, name, value, reference) in [
+            ("rss", "RSS", value.rss_mb, reference.rss_mb),
+            ("hwm", "peak RSS (VmHWM)", value.hwm_mb, reference.hwm_mb),
+        ] {
+            let figure = self
+                .add(
+                    &format!("{prefix}.{field}"),
+                    &format!("{name} with {what}"),
+                    value,
+                    "MB",
+                )
+                .reference(&format!("{name} with {reference_what}"), reference);
+            if let Some(target) = target {
+                figure.target(target);
+            }
+        }
+    }
+
     /// Prints the table, writes `$HERALD_BENCH_OUT/<bench>.json`, and panics on a figure
     /// that is not a positive finite number.
     pub fn finish(self) {
