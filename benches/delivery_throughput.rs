@@ -67,15 +67,31 @@ where
     }
 }
 
-/// One event of lane `i % LANES`, published by `client`; panics unless accepted.
+/// 429 answers met by every publish so far.
+static BUSY: AtomicUsize = AtomicUsize::new(0);
+
+/// One event of lane `i % LANES`, published by `client` as a producer would: a 429
+/// (`publish_busy`: the namespace already has its maximum of publishes waiting for the
+/// store) is counted in BUSY and sent again after its Retry-After. Panics on any other
+/// answer but 202.
 async fn publish(client: &reqwest::Client, url: &str, id: String, i: usize) {
-    let response = client
-        .post(url)
-        .json(&json!({"id": id, "type": format!("bench.{}", i % LANES), "data": {"i": i}}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(response.status().as_u16(), 202, "publish of {id}");
+    let event = json!({"id": id, "type": format!("bench.{}", i % LANES), "data": {"i": i}});
+    loop {
+        let response = client.post(url).json(&event).send().await.unwrap();
+        match response.status().as_u16() {
+            202 => return,
+            429 => {
+                let after = response
+                    .headers()
+                    .get("retry-after")
+                    .and_then(|v| v.to_str().ok()?.parse().ok())
+                    .unwrap_or(1);
+                BUSY.fetch_add(1, Ordering::Relaxed);
+                tokio::time::sleep(Duration::from_secs(after)).await;
+            }
+            status => panic!("publish of {id} answered {status}"),
+        }
+    }
 }
 
 async fn publish_all(herald: &Herald, events: usize, offset: usize) {
@@ -132,7 +148,8 @@ async fn latency_at_idle(
 }
 
 /// Publishes `count` events at `rate` per second, each at its own time (open loop), and
-/// returns each one's publish → arrival latency.
+/// returns each one's publish → arrival latency (from its first request, so a 429 and the
+/// wait it asks for count in).
 async fn latency_at_rate(
     herald: &Herald,
     receiver: &Receiver,
@@ -235,8 +252,12 @@ fn main() {
         let count = (paced_rate * paced_seconds).ceil() as usize;
         report.param("paced_rate_per_s", paced_rate);
         report.param("paced_events", count);
+        let busy_before = BUSY.load(Ordering::Relaxed);
         let mut paced = latency_at_rate(&herald, &receiver, paced_rate, count).await;
         let (h50, h99) = (percentile(&mut paced, 0.50), percentile(&mut paced, 0.99));
+        let busy = BUSY.load(Ordering::Relaxed);
+        report.param("publish_busy_429_paced", busy - busy_before);
+        report.param("publish_busy_429_total", busy);
 
         let n = thousands(events);
         let bare_name = format!("bare reqwest POST loop, {CONCURRENCY} concurrent, same receiver");
@@ -259,8 +280,9 @@ fn main() {
             .reference("bare POST round trip p99", ms(r99))
             .target(Target::AtMost(10.0));
         let paced_label = format!(
-            "publish → arrival at half the end-to-end rate ({} events at {paced_rate:.0}/s)",
-            thousands(count)
+            "publish → arrival at half the end-to-end rate ({} events at {paced_rate:.0}/s; {} answered 429 publish_busy and were sent again after Retry-After)",
+            thousands(count),
+            thousands(busy - busy_before)
         );
         report
             .add("latency.half_load.p50", &format!("{paced_label} p50"), ms(h50), "ms")
