@@ -2,7 +2,8 @@
 //!
 //! herald runs as its own process (standalone, durable SQLite store), delivering to 4
 //! subscriptions of lane width 8 on one loopback receiver. The reference for throughput is
-//! a bare reqwest POST loop with the same concurrency (32) against the same receiver.
+//! a bare reqwest POST loop with the same concurrency (32) against the same receiver, run
+//! once before herald's runs and once after (their mean).
 //! - drain: events already stored, released at once (subscriptions unpaused); time until the
 //!   receiver has them all;
 //! - publish: the same number published by 32 producers (each acknowledged only once
@@ -192,6 +193,24 @@ async fn latency_at_rate(
         .collect()
 }
 
+/// The reference: a bare reqwest loop of `events` POSTs, CONCURRENCY at once, to the same
+/// receiver with a body of the size herald sends; requests per second.
+async fn bare_loop(receiver: &Receiver, events: usize) -> f64 {
+    let client = reqwest::Client::new();
+    let url = receiver.url("/reference");
+    let body = serde_json::to_vec(&json!({"id": "evt-00000", "type": "bench.0", "timestamp": "2026-01-01T00:00:00Z", "data": {"i": 0}})).unwrap();
+    let started = Instant::now();
+    concurrently(events, move |_| {
+        let (client, url, body) = (client.clone(), url.clone(), body.clone());
+        async move {
+            let status = client.post(&url).body(body).send().await.unwrap().status();
+            assert!(status.is_success());
+        }
+    })
+    .await;
+    rate(events, started.elapsed())
+}
+
 fn rate(n: usize, took: Duration) -> f64 {
     n as f64 / took.as_secs_f64()
 }
@@ -212,20 +231,7 @@ fn main() {
     runtime.block_on(async {
         let receiver = Receiver::start().await;
 
-        // Reference: a bare reqwest loop, same concurrency, same receiver, same body size.
-        let client = reqwest::Client::new();
-        let url = receiver.url("/reference");
-        let body = serde_json::to_vec(&json!({"id": "evt-00000", "type": "bench.0", "timestamp": "2026-01-01T00:00:00Z", "data": {"i": 0}})).unwrap();
-        let started = Instant::now();
-        concurrently(events, move |_| {
-            let (client, url, body) = (client.clone(), url.clone(), body.clone());
-            async move {
-                let status = client.post(&url).body(body).send().await.unwrap().status();
-                assert!(status.is_success());
-            }
-        })
-        .await;
-        let bare = rate(events, started.elapsed());
+        let bare_before = bare_loop(&receiver, events).await;
 
         // herald, drain only: events stored while paused, then released.
         let herald = Herald::start(&manifests(&receiver, true), &["--egress-allow", "127.0.0.0/8"]);
@@ -243,6 +249,12 @@ fn main() {
         let published = rate(events, started.elapsed());
         let last = last_arrival(&receiver, "the end-to-end deliveries", before + events).await;
         let end_to_end = rate(events, last - started);
+        // The reference again after herald's runs: its mean stands for the machine during
+        // them, whatever else the machine was doing.
+        let bare_after = bare_loop(&receiver, events).await;
+        let bare = (bare_before + bare_after) / 2.0;
+        report.param("bare_loop_before_per_s", bare_before);
+        report.param("bare_loop_after_per_s", bare_after);
 
         let (mut idle, mut bare_rtt) = latency_at_idle(&herald, &receiver, samples).await;
         let (p50, p99) = (percentile(&mut idle, 0.50), percentile(&mut idle, 0.99));
@@ -260,7 +272,9 @@ fn main() {
         report.param("publish_busy_429_total", busy);
 
         let n = thousands(events);
-        let bare_name = format!("bare reqwest POST loop, {CONCURRENCY} concurrent, same receiver");
+        let bare_name = format!(
+            "bare reqwest POST loop, {CONCURRENCY} concurrent, same receiver (mean of one run before herald's and one after)"
+        );
         report
             .add("throughput.drain", &format!("drain: {n} stored events released at once"), drain, "events/s")
             .reference(&bare_name, bare);
