@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """herald's benchmark report (scripts/bench runs it; see README "Performance").
 
-  report.py merge --parts DIR --out DIR --mode quick|full [--runs FILE] [--skipped BENCH]...
-                  [--plot]
+  report.py merge --parts DIR --out DIR --mode quick|full [--runs FILE] [--commit FILE]
+                  [--skipped BENCH]... [--plot]
       Reads DIR/<bench>.json of every benchmark, checks that every expected figure is
       there as a positive finite number, writes OUT/bench.json (every figure, with the run's
       machine, commit and load), OUT/bench.md (the table) and, with --plot, OUT/bench.png
@@ -163,6 +163,18 @@ def command(*args):
         return "unknown"
 
 
+def read_commit(path):
+    """The commit the benchmarks were built from (scripts/bench notes it before building),
+    else the checkout's now."""
+    if path and os.path.exists(path):
+        with open(path) as f:
+            return f.read().strip()
+    commit = command("git", "rev-parse", "--short", "HEAD")
+    if command("git", "status", "--porcelain", "--untracked-files=no"):
+        commit += " (with uncommitted changes)"
+    return commit
+
+
 def read_runs(path):
     runs = []
     if path and os.path.exists(path):
@@ -192,9 +204,7 @@ def merge(args):
         order = ["name", "label", "value", "unit", "reference", "reference_name", "ratio", "target", "met"]
         for f in part.get("figures", []):
             figures.append({"bench": bench, **{k: f.get(k) for k in order}})
-    commit = command("git", "rev-parse", "--short", "HEAD")
-    if command("git", "status", "--porcelain", "--untracked-files=no"):
-        commit += " (with uncommitted changes)"
+    commit = read_commit(args.commit)
     report = {
         "mode": args.mode,
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
@@ -269,9 +279,16 @@ def plot(report, path):
     iso.set_xlabel("receivers that never answer")
     iso.set_ylabel("publish → arrival, ms (log scale)")
     iso.set_yscale("log")
-    iso.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+    plain = matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}")
+    iso.yaxis.set_major_formatter(plain)
+    iso.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+    lowest = min(figures[f"isolation.held_{h}.p50"]["value"] for h in held)
+    highest = max(50, *(figures[f"isolation.held_{h}.p99"]["value"] for h in held))
+    bottom, top = lowest / 2, highest * 8
+    iso.set_ylim(bottom, top)
+    iso.set_yticks([t for t in (0.1, 0.2, 0.5, 1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000) if bottom <= t <= top])
     iso.set_title("Isolation: a healthy subscription's latency")
-    iso.legend(fontsize=8, loc="center right")
+    iso.legend(fontsize=8, loc="upper left", ncol=2)
 
     bare = figures["throughput.end_to_end"]["reference"]
     bars = [
@@ -311,6 +328,7 @@ def main():
     m.add_argument("--out", required=True)
     m.add_argument("--mode", required=True, choices=["quick", "full"])
     m.add_argument("--runs")
+    m.add_argument("--commit", help="file holding the commit the benchmarks were built from")
     m.add_argument("--skipped", action="append", default=[], choices=BENCHES)
     m.add_argument("--plot", action="store_true")
     c = sub.add_parser("check")
