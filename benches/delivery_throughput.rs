@@ -1,30 +1,39 @@
-//! Delivery throughput, as a ratio against a reference measured in the same run: a bare
-//! reqwest POST loop with the same concurrency against the same loopback receiver.
+//! Delivery throughput and latency, each against a reference measured in the same run.
 //!
-//! herald runs as its own process (standalone, durable SQLite store). Two figures:
-//! - delivery: 10,000 events already stored, released at once (subscriptions unpaused);
-//!   time until the receiver has them all;
-//! - end to end: 10,000 events published (each acknowledged only once durable) and
-//!   delivered; time from the first publish to the last arrival.
-//!
+//! herald runs as its own process (standalone, durable SQLite store), delivering to 4
+//! subscriptions of lane width 8 on one loopback receiver. The reference for throughput is
+//! a bare reqwest POST loop with the same concurrency (32) against the same receiver, run
+//! once before herald's runs and once after (their mean).
+//! - drain: events already stored, released at once (subscriptions unpaused); time until the
+//!   receiver has them all;
+//! - publish: the same number published by 32 producers (each acknowledged only once
+//!   durable), while herald delivers them;
+//! - end to end: from the first publish to the last arrival;
 //! - latency at idle: one event at a time, from the start of the publish request to its
-//!   arrival at the receiver (p50, p99), against one bare POST round trip.
+//!   arrival at the receiver (p50, p99), against one bare POST round trip;
+//! - latency at half load: events published at a steady rate of half the end-to-end rate
+//!   just measured (open loop: each publish starts at its time whatever the others do),
+//!   publish → arrival p50 and p99, against the latency at idle.
 //!
-//! Run: `cargo bench --bench delivery_throughput`. Targets: delivery ≥ 0.5 × bare reqwest;
-//! latency p50 ≤ 2 ms, p99 ≤ 10 ms.
+//! Run: `cargo bench --bench delivery_throughput` (`HERALD_BENCH_MODE=quick` for small
+//! sizes; benches/common/mod.rs). Targets: end to end ≥ 0.5 × the bare loop; latency at
+//! idle p50 ≤ 2 ms, p99 ≤ 10 ms.
 
 #[path = "../tests/support/mod.rs"]
 mod support;
 
+mod common;
+
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
+use common::{Report, Target, ms, percentile, thousands};
 use serde_json::{Value, json};
 use support::herald::{Herald, lanes};
 use support::receiver::Receiver;
 
-const EVENTS: usize = 10_000;
 const CONCURRENCY: usize = 32;
 const LANES: usize = 4;
 const NS: &str = "bench";
@@ -59,37 +68,61 @@ where
     }
 }
 
-async fn publish_all(herald: &Herald, offset: usize) {
+/// 429 answers met by every publish so far.
+static BUSY: AtomicUsize = AtomicUsize::new(0);
+
+/// One event of lane `i % LANES`, published by `client` as a producer would: a 429
+/// (`publish_busy`: the namespace already has its maximum of publishes waiting for the
+/// store) is counted in BUSY and sent again after its Retry-After. Panics on any other
+/// answer but 202.
+async fn publish(client: &reqwest::Client, url: &str, id: String, i: usize) {
+    let event = json!({"id": id, "type": format!("bench.{}", i % LANES), "data": {"i": i}});
+    loop {
+        let response = client.post(url).json(&event).send().await.unwrap();
+        match response.status().as_u16() {
+            202 => return,
+            429 => {
+                let after = response
+                    .headers()
+                    .get("retry-after")
+                    .and_then(|v| v.to_str().ok()?.parse().ok())
+                    .unwrap_or(1);
+                BUSY.fetch_add(1, Ordering::Relaxed);
+                tokio::time::sleep(Duration::from_secs(after)).await;
+            }
+            status => panic!("publish of {id} answered {status}"),
+        }
+    }
+}
+
+async fn publish_all(herald: &Herald, events: usize, offset: usize) {
     let client = reqwest::Client::new();
     let url = format!("{}/v1/namespaces/{NS}/events", herald.base);
-    concurrently(EVENTS, move |i| {
+    concurrently(events, move |i| {
         let (client, url) = (client.clone(), url.clone());
-        async move {
-            let i = i + offset;
-            let response = client
-                .post(&url)
-                .json(&json!({"id": format!("evt-{i}"), "type": format!("bench.{}", i % LANES), "data": {"i": i}}))
-                .send()
-                .await
-                .unwrap();
-            assert_eq!(response.status().as_u16(), 202);
-        }
+        async move { publish(&client, &url, format!("evt-{}", i + offset), i + offset).await }
     })
     .await;
 }
 
-const LATENCY_SAMPLES: usize = 300;
-
-fn percentile(samples: &mut [Duration], p: f64) -> Duration {
-    samples.sort();
-    samples[((samples.len() as f64 * p) as usize).min(samples.len() - 1)]
+/// Waits until the receiver holds `count` hits; returns the last one's arrival time.
+async fn last_arrival(receiver: &Receiver, what: &str, count: usize) -> Instant {
+    receiver
+        .wait_for(what, Duration::from_secs(300), |hits| {
+            (hits.len() >= count).then(|| hits.iter().map(|h| h.at).max().unwrap())
+        })
+        .await
 }
 
 /// Publish → arrival, one event at a time, and the bare POST round trip for reference.
-async fn latency(herald: &Herald, receiver: &Receiver) -> (Vec<Duration>, Vec<Duration>) {
+async fn latency_at_idle(
+    herald: &Herald,
+    receiver: &Receiver,
+    samples: usize,
+) -> (Vec<Duration>, Vec<Duration>) {
     let client = reqwest::Client::new();
-    let mut bare = Vec::with_capacity(LATENCY_SAMPLES);
-    for _ in 0..LATENCY_SAMPLES {
+    let mut bare = Vec::with_capacity(samples);
+    for _ in 0..samples {
         let started = Instant::now();
         client
             .post(receiver.url("/reference"))
@@ -100,25 +133,82 @@ async fn latency(herald: &Herald, receiver: &Receiver) -> (Vec<Duration>, Vec<Du
         bare.push(started.elapsed());
     }
     let url = format!("{}/v1/namespaces/{NS}/events", herald.base);
-    let mut through = Vec::with_capacity(LATENCY_SAMPLES);
-    for i in 0..LATENCY_SAMPLES {
+    let mut through = Vec::with_capacity(samples);
+    for i in 0..samples {
         let before = receiver.count();
         let started = Instant::now();
-        let response = client
-            .post(&url)
-            .json(&json!({"id": format!("lat-{i}"), "type": "bench.0", "data": {}}))
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(response.status().as_u16(), 202);
-        let hits = receiver
-            .wait_until("the event", Duration::from_secs(10), |hits| {
-                hits.len() > before
+        publish(&client, &url, format!("idle-{i}"), 0).await;
+        let at = receiver
+            .wait_for("the event", Duration::from_secs(10), |hits| {
+                hits.get(before).map(|h| h.at)
             })
             .await;
-        through.push(hits[before].at - started);
+        through.push(at - started);
     }
     (through, bare)
+}
+
+/// Publishes `count` events at `rate` per second, each at its own time (open loop), and
+/// returns each one's publish → arrival latency (from its first request, so a 429 and the
+/// wait it asks for count in).
+async fn latency_at_rate(
+    herald: &Herald,
+    receiver: &Receiver,
+    rate: f64,
+    count: usize,
+) -> Vec<Duration> {
+    let client = reqwest::Client::new();
+    let url = format!("{}/v1/namespaces/{NS}/events", herald.base);
+    let before = receiver.count();
+    let start = tokio::time::Instant::now() + Duration::from_millis(20);
+    let tasks: Vec<_> = (0..count)
+        .map(|i| {
+            let (client, url) = (client.clone(), url.clone());
+            let at = start + Duration::from_secs_f64(i as f64 / rate);
+            tokio::spawn(async move {
+                tokio::time::sleep_until(at).await;
+                let id = format!("paced-{i}");
+                let sent = Instant::now();
+                publish(&client, &url, id.clone(), i).await;
+                (id, sent)
+            })
+        })
+        .collect();
+    let mut sent = Vec::with_capacity(count);
+    for task in tasks {
+        sent.push(task.await.unwrap());
+    }
+    let arrived: HashMap<String, Instant> = receiver
+        .wait_for("the paced deliveries", Duration::from_secs(300), |hits| {
+            (hits.len() >= before + count).then(|| {
+                hits[before..]
+                    .iter()
+                    .map(|h| (h.header("webhook-id").to_string(), h.at))
+                    .collect()
+            })
+        })
+        .await;
+    sent.iter()
+        .map(|(id, at)| arrived[id.as_str()] - *at)
+        .collect()
+}
+
+/// The reference: a bare reqwest loop of `events` POSTs, CONCURRENCY at once, to the same
+/// receiver with a body of the size herald sends; requests per second.
+async fn bare_loop(receiver: &Receiver, events: usize) -> f64 {
+    let client = reqwest::Client::new();
+    let url = receiver.url("/reference");
+    let body = serde_json::to_vec(&json!({"id": "evt-00000", "type": "bench.0", "timestamp": "2026-01-01T00:00:00Z", "data": {"i": 0}})).unwrap();
+    let started = Instant::now();
+    concurrently(events, move |_| {
+        let (client, url, body) = (client.clone(), url.clone(), body.clone());
+        async move {
+            let status = client.post(&url).body(body).send().await.unwrap().status();
+            assert!(status.is_success());
+        }
+    })
+    .await;
+    rate(events, started.elapsed())
 }
 
 fn rate(n: usize, took: Duration) -> f64 {
@@ -126,63 +216,94 @@ fn rate(n: usize, took: Duration) -> f64 {
 }
 
 fn main() {
+    let mut report = Report::new("delivery_throughput");
+    let events: usize = report.mode.pick(2_000, 20_000);
+    let samples: usize = report.mode.pick(100, 1_000);
+    let paced_seconds: f64 = report.mode.pick(2.0, 10.0);
+    report.param("events", events);
+    report.param("concurrency", CONCURRENCY);
+    report.param("lanes", LANES);
+    report.param("latency_samples", samples);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .unwrap();
     runtime.block_on(async {
-        let _ = rustls::crypto::ring::default_provider().install_default();
         let receiver = Receiver::start().await;
 
-        // Reference: a bare reqwest loop, same concurrency, same receiver, same body size.
-        let client = reqwest::Client::new();
-        let url = receiver.url("/reference");
-        let body = serde_json::to_vec(&json!({"id": "evt-00000", "type": "bench.0", "timestamp": "2026-01-01T00:00:00Z", "data": {"i": 0}})).unwrap();
-        let started = Instant::now();
-        concurrently(EVENTS, move |_| {
-            let (client, url, body) = (client.clone(), url.clone(), body.clone());
-            async move {
-                let status = client.post(&url).body(body).send().await.unwrap().status();
-                assert!(status.is_success());
-            }
-        })
-        .await;
-        let bare = rate(EVENTS, started.elapsed());
+        let bare_before = bare_loop(&receiver, events).await;
 
-        // herald, delivery only: events stored while paused, then released.
+        // herald, drain only: events stored while paused, then released.
         let herald = Herald::start(&manifests(&receiver, true), &["--egress-allow", "127.0.0.0/8"]);
-        publish_all(&herald, 0).await;
-        let before = receiver.hits().len();
+        publish_all(&herald, events, 0).await;
+        let before = receiver.count();
         let started = Instant::now();
         herald.write_config(&manifests(&receiver, false));
-        receiver
-            .wait_until("all deliveries", Duration::from_secs(300), |hits| hits.len() >= before + EVENTS)
-            .await;
-        let delivery = rate(EVENTS, started.elapsed());
+        let last = last_arrival(&receiver, "the drained deliveries", before + events).await;
+        let drain = rate(events, last - started);
 
         // herald, end to end: publish and deliver at once.
-        let before = receiver.hits().len();
+        let before = receiver.count();
         let started = Instant::now();
-        publish_all(&herald, EVENTS).await;
-        let published = rate(EVENTS, started.elapsed());
-        receiver
-            .wait_until("all deliveries", Duration::from_secs(300), |hits| hits.len() >= before + EVENTS)
-            .await;
-        let end_to_end = rate(EVENTS, started.elapsed());
+        publish_all(&herald, events, events).await;
+        let published = rate(events, started.elapsed());
+        let last = last_arrival(&receiver, "the end-to-end deliveries", before + events).await;
+        let end_to_end = rate(events, last - started);
+        // The reference again after herald's runs: its mean stands for the machine during
+        // them, whatever else the machine was doing.
+        let bare_after = bare_loop(&receiver, events).await;
+        let bare = (bare_before + bare_after) / 2.0;
+        report.param("bare_loop_before_per_s", bare_before);
+        report.param("bare_loop_after_per_s", bare_after);
 
-        let (mut through, mut bare_rtt) = latency(&herald, &receiver).await;
-        let (p50, p99) = (percentile(&mut through, 0.50), percentile(&mut through, 0.99));
+        let (mut idle, mut bare_rtt) = latency_at_idle(&herald, &receiver, samples).await;
+        let (p50, p99) = (percentile(&mut idle, 0.50), percentile(&mut idle, 0.99));
         let (r50, r99) = (percentile(&mut bare_rtt, 0.50), percentile(&mut bare_rtt, 0.99));
 
-        println!("bare reqwest loop:        {bare:>8.0} requests/s (reference, concurrency {CONCURRENCY})");
-        println!("herald delivery:          {delivery:>8.0} events/s  = {:.2} x reference", delivery / bare);
-        println!("herald publish (durable): {published:>8.0} events/s  = {:.2} x reference", published / bare);
-        println!("herald end to end:        {end_to_end:>8.0} events/s  = {:.2} x reference", end_to_end / bare);
-        println!(
-            "latency at idle, publish to arrival: p50 {p50:.2?} p99 {p99:.2?} (targets 2 ms, 10 ms); bare POST round trip p50 {r50:.2?} p99 {r99:.2?} = {:.1} x / {:.1} x",
-            p50.as_secs_f64() / r50.as_secs_f64(),
-            p99.as_secs_f64() / r99.as_secs_f64()
+        let paced_rate = end_to_end / 2.0;
+        let count = (paced_rate * paced_seconds).ceil() as usize;
+        report.param("paced_rate_per_s", paced_rate);
+        report.param("paced_events", count);
+        let busy_before = BUSY.load(Ordering::Relaxed);
+        let mut paced = latency_at_rate(&herald, &receiver, paced_rate, count).await;
+        let (h50, h99) = (percentile(&mut paced, 0.50), percentile(&mut paced, 0.99));
+        let busy = BUSY.load(Ordering::Relaxed);
+        report.param("publish_busy_429_paced", busy - busy_before);
+        report.param("publish_busy_429_total", busy);
+
+        let n = thousands(events);
+        let bare_name = format!(
+            "bare reqwest POST loop, {CONCURRENCY} concurrent, same receiver (mean of one run before herald's and one after)"
         );
-        println!("time to deliver {EVENTS} events: herald {:.2}s, bare reqwest {:.2}s", EVENTS as f64 / delivery, EVENTS as f64 / bare);
+        report
+            .add("throughput.drain", &format!("drain: {n} stored events released at once"), drain, "events/s")
+            .reference(&bare_name, bare);
+        report
+            .add("throughput.publish", &format!("durable publish: {n} events, {CONCURRENCY} producers"), published, "events/s")
+            .reference(&bare_name, bare);
+        report
+            .add("throughput.end_to_end", &format!("end to end: {n} events published and delivered"), end_to_end, "events/s")
+            .reference(&bare_name, bare)
+            .target(Target::RatioAtLeast(0.5));
+        report
+            .add("latency.idle.p50", &format!("latency at idle, publish → arrival p50 ({} events one at a time)", thousands(samples)), ms(p50), "ms")
+            .reference("bare POST round trip p50", ms(r50))
+            .target(Target::AtMost(2.0));
+        report
+            .add("latency.idle.p99", &format!("latency at idle, publish → arrival p99 ({} events one at a time)", thousands(samples)), ms(p99), "ms")
+            .reference("bare POST round trip p99", ms(r99))
+            .target(Target::AtMost(10.0));
+        let paced_label = format!(
+            "publish → arrival at half the end-to-end rate ({} events at {paced_rate:.0}/s; {} answered 429 publish_busy and were sent again after Retry-After)",
+            thousands(count),
+            thousands(busy - busy_before)
+        );
+        report
+            .add("latency.half_load.p50", &format!("{paced_label} p50"), ms(h50), "ms")
+            .reference("latency at idle p50, same run", ms(p50));
+        report
+            .add("latency.half_load.p99", &format!("{paced_label} p99"), ms(h99), "ms")
+            .reference("latency at idle p99, same run", ms(p99));
     });
+    report.finish();
 }

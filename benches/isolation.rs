@@ -3,56 +3,59 @@
 //! namespaces of 100 held subscriptions each (each namespace under its own quota). Each
 //! level's p99 is compared with the p99 with nothing held, measured in the same run.
 //!
-//! Run: `cargo bench --bench isolation` (HERALD_BENCH_HELD=0,100,1000 for fewer levels).
+//! Run: `cargo bench --bench isolation` (HERALD_BENCH_HELD=0,100,1000 for fewer levels;
+//! `HERALD_BENCH_MODE=quick` takes fewer samples per level, benches/common/mod.rs).
 //! Targets: p99 at 1,000 held ≤ 1.5 × p99 at 0; p99 at 10,000 held < 50 ms.
 
 #[path = "../tests/support/mod.rs"]
 mod support;
 
+mod common;
+
 use std::time::{Duration, Instant};
 
+use common::{Report, Target, ms, percentile, thousands};
 use serde_json::{Value, json};
 use support::herald::{Herald, secret, subscription};
 use support::receiver::{Behaviour, Receiver};
 
 const PER_NAMESPACE: usize = 100;
-const SAMPLES: usize = 200;
 /// herald's defaults: the shared pool and each namespace's reserved floor.
 const POOL: usize = 4096;
 const FLOOR: usize = 16;
 
-fn percentile(samples: &mut [Duration], p: f64) -> Duration {
-    samples.sort();
-    samples[((samples.len() as f64 * p) as usize).min(samples.len() - 1)]
-}
+/// Healthy events published and not measured before the samples of each level.
+const WARM_UP: usize = 20;
 
 /// Publish → arrival latencies of the healthy subscription, one event at a time.
-async fn healthy_latency(herald: &Herald, receiver: &Receiver) -> Vec<Duration> {
+async fn healthy_latency(herald: &Herald, receiver: &Receiver, samples: usize) -> Vec<Duration> {
     let client = reqwest::Client::new();
     let url = format!("{}/v1/namespaces/healthy/events", herald.base);
-    let mut samples = Vec::with_capacity(SAMPLES);
-    for i in 0..SAMPLES {
-        let before = receiver.hits_for("/ok").len();
+    let mut latencies = Vec::with_capacity(samples);
+    for i in 0..samples {
+        let before = receiver.count();
         let started = Instant::now();
         let response = client
             .post(&url)
-            .json(&json!({"id": format!("ping-{i}"), "type": "ping", "data": {}}))
+            .json(&json!({"type": "ping", "data": {"i": i}}))
             .send()
             .await
             .unwrap();
         assert_eq!(response.status().as_u16(), 202);
-        let hits = receiver
-            .wait_until("the healthy delivery", Duration::from_secs(10), |hits| {
-                hits.iter().filter(|h| h.path == "/ok").count() > before
+        let arrived = receiver
+            .wait_for("the healthy delivery", Duration::from_secs(10), |hits| {
+                hits[before..]
+                    .iter()
+                    .find(|h| h.path == "/ok")
+                    .map(|h| h.at)
             })
             .await;
-        let arrived = hits.iter().filter(|h| h.path == "/ok").nth(before).unwrap();
-        samples.push(arrived.at - started);
+        latencies.push(arrived - started);
     }
-    samples
+    latencies
 }
 
-async fn level(held: usize) -> (Duration, Duration, usize) {
+async fn level(held: usize, samples: usize) -> (Duration, Duration, usize) {
     let receiver = Receiver::start().await;
     let namespaces = held.div_ceil(PER_NAMESPACE);
     let mut manifests: Vec<Value> = Vec::with_capacity(held + namespaces + 2);
@@ -88,13 +91,16 @@ async fn level(held: usize) -> (Duration, Duration, usize) {
     // Each namespace holds its floor; the rest of its attempts share the pool.
     let open = (namespaces * FLOOR).min(held) + held.saturating_sub(namespaces * FLOOR).min(POOL);
     receiver
-        .wait_until(
+        .wait_for(
             &format!("{open} held attempts open"),
             Duration::from_secs(300),
-            |hits| hits.iter().filter(|h| h.path != "/ok").count() >= open,
+            |hits| (hits.iter().filter(|h| h.path != "/ok").count() >= open).then_some(()),
         )
         .await;
-    let mut samples = healthy_latency(&herald, &receiver).await;
+    // Warm-up, the same at every level: the first deliveries open the connection to the
+    // receiver and warm herald's store; at 0 held nothing else has.
+    healthy_latency(&herald, &receiver, WARM_UP).await;
+    let mut samples = healthy_latency(&herald, &receiver, samples).await;
     (
         percentile(&mut samples, 0.5),
         percentile(&mut samples, 0.99),
@@ -104,36 +110,56 @@ async fn level(held: usize) -> (Duration, Duration, usize) {
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
+    let mut report = Report::new("isolation");
+    let samples = report.mode.pick(50, 1_000);
     let levels: Vec<usize> = std::env::var("HERALD_BENCH_HELD")
         .unwrap_or_else(|_| "0,100,1000,10000".into())
         .split(',')
         .map(|v| v.trim().parse().expect("HERALD_BENCH_HELD: numbers"))
         .collect();
+    report.param("samples_per_level", samples);
+    report.param("held_per_namespace", PER_NAMESPACE);
     let mut rows = Vec::new();
     for held in levels {
-        let (p50, p99, open) = level(held).await;
+        let (p50, p99, open) = level(held, samples).await;
         eprintln!("held {held}: {open} on the wire, healthy p50 {p50:.2?} p99 {p99:.2?}");
+        report.param(&format!("on_the_wire_held_{held}"), open);
         rows.push((held, open, p50, p99));
     }
-    let reference = rows
-        .iter()
-        .find(|r| r.0 == 0)
-        .map(|r| r.3)
-        .unwrap_or(rows[0].3);
-    println!();
-    println!(
-        "| held receivers | attempts on the wire | healthy p50 | healthy p99 | p99 / p99 with none held |"
-    );
-    println!("| --- | --- | --- | --- | --- |");
-    let mut json_rows = Vec::new();
-    for (held, open, p50, p99) in &rows {
-        let ratio = p99.as_secs_f64() / reference.as_secs_f64();
-        println!("| {held} | {open} | {p50:.2?} | {p99:.2?} | {ratio:.2} |");
-        json_rows.push(json!({
-            "held": held, "on_the_wire": open,
-            "p50_ms": p50.as_secs_f64() * 1e3, "p99_ms": p99.as_secs_f64() * 1e3,
-            "p99_ratio": ratio,
-        }));
+    let none = rows.iter().find(|r| r.0 == 0).copied();
+    for (held, open, p50, p99) in rows {
+        let what = format!(
+            "isolation: healthy publish → arrival with {} receivers held ({} on the wire, {} namespaces)",
+            thousands(held),
+            thousands(open),
+            held.div_ceil(PER_NAMESPACE)
+        );
+        for (quantile, value, reference) in [
+            ("p50", p50, none.map(|n| n.2)),
+            ("p99", p99, none.map(|n| n.3)),
+        ] {
+            let figure = report.add(
+                &format!("isolation.held_{held}.{quantile}"),
+                &format!("{what}, {quantile}"),
+                ms(value),
+                "ms",
+            );
+            if let Some(reference) = reference.filter(|_| held > 0) {
+                figure.reference(
+                    &format!("{quantile} with none held, same run"),
+                    ms(reference),
+                );
+            }
+            match (quantile, held) {
+                ("p99", 1000) if reference.is_some() => {
+                    figure.target(Target::RatioAtMost(1.5));
+                }
+                ("p99", 10000) => {
+                    figure.target(Target::Below(50.0));
+                }
+                _ => {}
+            }
+        }
     }
-    println!("{}", json!({"isolation": json_rows}));
+    report.finish();
 }

@@ -1,29 +1,49 @@
-//! The operator's figures, each against a reference from the same run:
+//! The operator's figures (cluster mode, against a real kube-apiserver), each against a
+//! reference from the same run:
 //! - publishing with cluster authorization (TokenReview + SubjectAccessReview, cached) as a
-//!   ratio to standalone mode's static `--publish-token`, same herald build, same load;
-//! - memory: herald's RSS in cluster mode with N subscriptions reconciled, against its RSS
-//!   with none, per subscription.
+//!   ratio to standalone mode's static `--publish-token`, same herald build, same load, in
+//!   alternating turns;
+//! - memory: herald's RSS with N idle subscriptions reconciled (namespaces of 1,000, created
+//!   16 at a time through the API), against its RSS with one, measured just before they are
+//!   created; the slope per subscription, and the RSS it projects for 100,000 (a projection
+//!   unless N is 100,000);
+//! - reconciling them, against the time the API server took to create them;
+//! - start-up: herald restarted with N subscriptions until /readyz answers, against its
+//!   first start with none.
 //!
 //! Needs the test control plane (`scripts/control-plane build`). Run:
-//! `cargo bench --bench operator` (HERALD_BENCH_SUBSCRIPTIONS, default 10,000).
+//! `cargo bench --bench operator` (`HERALD_BENCH_MODE=quick`: 200 subscriptions and 2,000
+//! events; full: 10,000 and 20,000; HERALD_BENCH_SUBSCRIPTIONS overrides N).
 
 #[path = "../tests/support/mod.rs"]
 mod support;
+
+mod common;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
+use common::{Report, Target, memory, thousands};
+use futures::StreamExt;
+use herald::api::WebhookSubscription;
+use kube::api::{Api, DynamicObject, ListParams, PostParams};
+use kube::core::ApiResource;
 use serde_json::{Value, json};
 use support::control_plane::ControlPlane;
-use support::herald::{Herald, secret, subscription};
+use support::herald::{Herald, idle_subscriptions, secret, subscription};
 use support::operator::Operator;
 
-const EVENTS: usize = 20_000;
 const CONCURRENCY: usize = 32;
+const PER_NAMESPACE: usize = 1_000;
+/// Subscriptions created at once through the API.
+const CREATORS: usize = 16;
+const PROJECTED: usize = 100_000;
+/// Turns of publishing to each herald, alternately.
+const PUBLISH_TURNS: usize = 4;
 
-/// Publishes EVENTS events over CONCURRENCY producers; events per second.
-async fn publish_rate(base: &str, namespace: &str, token: &str) -> f64 {
+/// Publishes `events` events over CONCURRENCY producers; how long that took.
+async fn publish_for(base: &str, namespace: &str, token: &str, events: usize) -> Duration {
     let next = Arc::new(AtomicUsize::new(0));
     let started = Instant::now();
     let workers: Vec<_> = (0..CONCURRENCY)
@@ -35,7 +55,7 @@ async fn publish_rate(base: &str, namespace: &str, token: &str) -> f64 {
             tokio::spawn(async move {
                 loop {
                     let i = next.fetch_add(1, Ordering::Relaxed);
-                    if i >= EVENTS {
+                    if i >= events {
                         return;
                     }
                     let r = client
@@ -53,17 +73,7 @@ async fn publish_rate(base: &str, namespace: &str, token: &str) -> f64 {
     for w in workers {
         w.await.unwrap();
     }
-    EVENTS as f64 / started.elapsed().as_secs_f64()
-}
-
-fn rss_mib(pid: u32) -> f64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    let kib: f64 = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.split_whitespace().next()?.parse().ok())
-        .unwrap();
-    kib / 1024.0
+    started.elapsed()
 }
 
 fn paused_subscription(namespace: &str, name: &str) -> Value {
@@ -76,18 +86,88 @@ fn paused_subscription(namespace: &str, name: &str) -> Value {
     )
 }
 
+/// Creates the subscriptions through the API server, CREATORS at a time.
+async fn create(cp: &ControlPlane, subscriptions: Vec<Value>) {
+    let client = cp.client().await;
+    let resource = ApiResource::erase::<WebhookSubscription>(&());
+    futures::stream::iter(subscriptions)
+        .map(|manifest| {
+            let (client, resource) = (client.clone(), resource.clone());
+            async move {
+                let object: DynamicObject = serde_json::from_value(manifest).unwrap();
+                let namespace = object.metadata.namespace.clone().unwrap();
+                Api::<DynamicObject>::namespaced_with(client, &namespace, &resource)
+                    .create(&PostParams::default(), &object)
+                    .await
+                    .unwrap();
+            }
+        })
+        .buffer_unordered(CREATORS)
+        .collect::<()>()
+        .await;
+}
+
+/// Waits until every WebhookSubscription in the cluster shows herald's status for its
+/// generation; lists them in pages of 1,000 every second.
+async fn wait_reconciled(cp: &ControlPlane, expected: usize, deadline: Duration) {
+    let api: Api<WebhookSubscription> = Api::all(cp.client().await);
+    let end = Instant::now() + deadline;
+    loop {
+        let (mut done, mut continue_token) = (0, None::<String>);
+        loop {
+            let mut params = ListParams::default().limit(1_000);
+            if let Some(token) = &continue_token {
+                params = params.continue_token(token);
+            }
+            let page = api.list(&params).await.unwrap();
+            done += page
+                .items
+                .iter()
+                .filter(|s| {
+                    s.status.as_ref().and_then(|st| st.observed_generation) == s.metadata.generation
+                })
+                .count();
+            continue_token = page.metadata.continue_.filter(|t| !t.is_empty());
+            if continue_token.is_none() {
+                break;
+            }
+        }
+        if done >= expected {
+            return;
+        }
+        assert!(
+            Instant::now() < end,
+            "only {done} of {expected} subscriptions reconciled after {deadline:?}"
+        );
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+}
+
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
+    let mut report = Report::new("operator");
+    let events = report.mode.pick(2_000, 20_000);
     let subscriptions: usize = std::env::var("HERALD_BENCH_SUBSCRIPTIONS")
         .ok()
         .and_then(|v| v.parse().ok())
-        .unwrap_or(10_000);
+        .unwrap_or(report.mode.pick(200, 10_000));
+    let (events_n, subs_n, projected_n) = (
+        thousands(events),
+        thousands(subscriptions),
+        thousands(PROJECTED),
+    );
+    report.param("events", events);
+    report.param("concurrency", CONCURRENCY);
+    report.param("subscriptions", subscriptions);
+    report.param("subscriptions_per_namespace", PER_NAMESPACE);
+
     let cp = ControlPlane::start().expect("the benchmark needs the control plane");
-    let operator = Operator::start(&cp, &[]).await;
+    let mut operator = Operator::start(&cp, &[]).await;
+    let start_none = operator.started_in;
 
     // Publishing: one paused subscription, so every event is stored with one pending
     // delivery and nothing is sent; the same in both modes.
-    let mut objects = vec![
+    let objects = vec![
         json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "bench"}}),
         secret("bench"),
         paused_subscription("bench", "stored"),
@@ -101,79 +181,117 @@ async fn main() {
                "subjects": [{"kind": "ServiceAccount", "name": "producer", "namespace": "bench"}]}),
     ];
     cp.apply(&objects);
-    cp.kubectl_ok(&[
-        "wait",
-        "--for=jsonpath={.status.observedGeneration}=1",
-        "whsub/stored",
-        "-n",
-        "bench",
-        "--timeout=60s",
-    ]);
+    wait_reconciled(&cp, 1, Duration::from_secs(60)).await;
     let token = cp.token("bench", "producer");
-    let rss_idle = rss_mib(operator.pid());
-    let with_rbac = publish_rate(&operator.base, "bench", &token).await;
-
+    // The first publish may meet a grant not yet visible to the authorizer: retried.
+    operator
+        .publish("bench", &token, json!({"type": "bench.warmup"}))
+        .await;
     let standalone = Herald::start(
         &[secret("bench"), paused_subscription("bench", "stored")],
         &["--publish-token", "bench-token"],
     );
-    let with_token = publish_rate(&standalone.base, "bench", "bench-token").await;
+    // In turns, so that both meet the same machine whatever else it does meanwhile.
+    let (mut rbac, mut static_token) = (Duration::ZERO, Duration::ZERO);
+    let turn = events / PUBLISH_TURNS;
+    for _ in 0..PUBLISH_TURNS {
+        rbac += publish_for(&operator.base, "bench", &token, turn).await;
+        static_token += publish_for(&standalone.base, "bench", "bench-token", turn).await;
+    }
     drop(standalone);
+    let published = (turn * PUBLISH_TURNS) as f64;
+    let (with_rbac, with_token) = (
+        published / rbac.as_secs_f64(),
+        published / static_token.as_secs_f64(),
+    );
+    report
+        .add(
+            "publish.cluster_auth",
+            &format!("publish with TokenReview + SubjectAccessReview (cached), {events_n} events, {CONCURRENCY} producers"),
+            with_rbac,
+            "events/s",
+        )
+        .reference(
+            &format!("standalone --publish-token, same load, in {PUBLISH_TURNS} turns alternating with it"),
+            with_token,
+        );
 
-    // Memory: N subscriptions applied in lists of 500, then reconciled.
-    objects.clear();
+    // Memory: N idle subscriptions, their namespaces and secrets first.
+    let (secrets, idle): (Vec<Value>, Vec<Value>) =
+        idle_subscriptions(subscriptions, PER_NAMESPACE, "http://127.0.0.1:9/never")
+            .into_iter()
+            .partition(|m| m["kind"] == "Secret");
+    let namespaces: Vec<Value> = secrets
+        .iter()
+        .map(|s| json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": s["metadata"]["namespace"]}}))
+        .collect();
+    cp.apply(&namespaces);
+    cp.apply(&secrets);
+    let before = memory(operator.pid());
     let started = Instant::now();
-    for chunk in (0..subscriptions).collect::<Vec<_>>().chunks(500) {
-        let list: Vec<Value> = chunk
-            .iter()
-            .map(|i| paused_subscription("bench", &format!("s-{i}")))
-            .collect();
-        cp.apply(&list);
-    }
-    let applied = started.elapsed();
-    let deadline = Instant::now() + Duration::from_secs(900);
-    loop {
-        let out = cp.kubectl_ok(&[
-            "get",
-            "whsub",
-            "-n",
-            "bench",
-            "-o",
-            "jsonpath={range .items[*]}{.status.observedGeneration}{\"\\n\"}{end}",
-        ]);
-        let done = out.lines().filter(|l| !l.is_empty()).count();
-        if done > subscriptions {
-            break;
-        }
-        assert!(Instant::now() < deadline, "only {done} reconciled");
-        tokio::time::sleep(Duration::from_secs(2)).await;
-    }
+    create(&cp, idle).await;
+    let created = started.elapsed();
+    wait_reconciled(&cp, subscriptions + 1, Duration::from_secs(3600)).await;
     let reconciled = started.elapsed();
-    let rss_full = rss_mib(operator.pid());
-    let per_sub_kib = (rss_full - rss_idle) * 1024.0 / subscriptions as f64;
+    let after = memory(operator.pid());
+    eprintln!(
+        "{subscriptions} subscriptions created in {created:.2?}, reconciled in {reconciled:.2?}; {before:?} → {after:?}"
+    );
+    let reference = "1 subscription, just before, same run";
+    report.memory(
+        "memory.cluster",
+        &format!("{subs_n} idle subscriptions reconciled, cluster mode"),
+        after,
+        reference,
+        before,
+        (subscriptions >= PROJECTED).then_some(Target::AtMost(200.0)),
+    );
+    let slope_kib = (after.rss_mb - before.rss_mb) * 1e6 / 1024.0 / subscriptions as f64;
+    report.add(
+        "memory.cluster.per_subscription",
+        &format!(
+            "RSS per subscription, cluster mode ((RSS with {subs_n} − RSS with 1) / {subs_n})"
+        ),
+        slope_kib,
+        "KiB",
+    );
+    let projected = before.rss_mb + slope_kib * 1024.0 / 1e6 * PROJECTED as f64;
+    let label = if subscriptions == PROJECTED {
+        format!("RSS with {projected_n} subscriptions, cluster mode (measured)")
+    } else {
+        format!(
+            "RSS with {projected_n} subscriptions, cluster mode: PROJECTION (RSS with 1 + {projected_n} × the slope measured at {subs_n})"
+        )
+    };
+    report
+        .add("memory.cluster.projected_100k", &label, projected, "MB")
+        .reference(&format!("RSS with {reference}"), before.rss_mb)
+        .target(Target::AtMost(200.0));
+    report
+        .add(
+            "reconcile.cluster",
+            &format!("{subs_n} subscriptions: from the first create to all reconciled"),
+            reconciled.as_secs_f64(),
+            "s",
+        )
+        .reference(
+            &format!("the API server creating them, {CREATORS} at a time"),
+            created.as_secs_f64(),
+        );
 
-    println!();
-    println!("| figure | herald | reference | ratio |");
-    println!("| --- | --- | --- | --- |");
-    println!(
-        "| publish, {EVENTS} events, {CONCURRENCY} producers | {with_rbac:.0}/s (TokenReview + SubjectAccessReview, cached) | {with_token:.0}/s (--publish-token) | {:.2} |",
-        with_rbac / with_token
-    );
-    println!(
-        "| RSS with {subscriptions} subscriptions reconciled | {rss_full:.0} MiB | {rss_idle:.0} MiB with 1 | {per_sub_kib:.2} KiB per subscription |"
-    );
-    println!(
-        "| applying {subscriptions} subscriptions / all reconciled | {:.1}s | {:.1}s | |",
-        applied.as_secs_f64(),
-        reconciled.as_secs_f64()
-    );
-    let json = json!({
-        "publish_rbac_per_s": with_rbac, "publish_token_per_s": with_token,
-        "publish_ratio": with_rbac / with_token,
-        "rss_idle_mib": rss_idle, "rss_mib": rss_full, "subscriptions": subscriptions,
-        "rss_per_subscription_kib": per_sub_kib,
-        "reconciled_seconds": reconciled.as_secs_f64(),
-    });
-    println!("{json}");
+    operator.restart().await;
+    report
+        .add(
+            "startup.cluster",
+            &format!("start-up to /readyz with {subs_n} subscriptions, cluster mode"),
+            operator.started_in.as_secs_f64(),
+            "s",
+        )
+        .reference(
+            "first start-up, no subscription, same run",
+            start_none.as_secs_f64(),
+        )
+        .target(Target::AtMost(10.0));
     drop(operator);
+    report.finish();
 }

@@ -15,6 +15,8 @@ pub struct Herald {
     pub base: String,
     /// /healthz, /readyz and /metrics when started with `--metrics-listen`.
     pub metrics: Option<String>,
+    /// From the last spawn of the process to its ready file (polled every 20 ms).
+    pub started_in: Duration,
     args: Vec<String>,
     http: reqwest::Client,
     /// The --publish-token (or HERALD_PUBLISH_TOKEN), sent on every API call.
@@ -78,6 +80,26 @@ pub fn lanes(
             json!({"paused": paused, "delivery": {"maxInFlight": width}}),
         ));
     }
+    list
+}
+
+/// `count` active subscriptions `s-<n>` to `url`, `per_namespace` in each namespace
+/// `idle-<n>`, with their namespaces' secrets first, for an event type nobody publishes:
+/// idle subscriptions, as the memory benchmarks hold them. With `count` 0, one secret.
+pub fn idle_subscriptions(count: usize, per_namespace: usize, url: &str) -> Vec<Value> {
+    let namespaces = count.div_ceil(per_namespace).max(1);
+    let mut list: Vec<Value> = (0..namespaces)
+        .map(|n| secret(&format!("idle-{n}")))
+        .collect();
+    list.extend((0..count).map(|i| {
+        subscription(
+            &format!("idle-{}", i / per_namespace),
+            &format!("s-{}", i % per_namespace),
+            url,
+            &["idle"],
+            json!({}),
+        )
+    }));
     list
 }
 
@@ -159,6 +181,7 @@ impl Herald {
             dir,
             base: String::new(),
             metrics: None,
+            started_in: Duration::ZERO,
             args: args.iter().map(|s| s.to_string()).collect(),
             http: reqwest::Client::new(),
             token: args
@@ -192,9 +215,11 @@ impl Herald {
             .spawn()
             .unwrap();
         self.child = Some(child);
-        let deadline = Instant::now() + Duration::from_secs(60);
+        let spawned = Instant::now();
+        let deadline = spawned + Duration::from_secs(60);
         loop {
             if let Ok(address) = std::fs::read_to_string(&ready) {
+                self.started_in = spawned.elapsed();
                 if self.hangup_at_ready {
                     self.hangup();
                 }

@@ -20,6 +20,8 @@ pub struct Operator {
     pub base: String,
     /// /healthz and /readyz, http://127.0.0.1:PORT.
     pub health: String,
+    /// From the last spawn of the process to /readyz answering 200 (polled every 50 ms).
+    pub started_in: Duration,
     http: reqwest::Client,
 }
 
@@ -36,6 +38,7 @@ impl Operator {
             args: args.iter().map(|s| s.to_string()).collect(),
             base: String::new(),
             health: String::new(),
+            started_in: Duration::ZERO,
             http: reqwest::Client::new(),
         };
         operator.spawn().await;
@@ -56,7 +59,8 @@ impl Operator {
             .spawn()
             .unwrap();
         self.child = Some(child);
-        let deadline = Instant::now() + Duration::from_secs(90);
+        let spawned = Instant::now();
+        let deadline = spawned + Duration::from_secs(90);
         loop {
             if let Ok(text) = std::fs::read_to_string(&ready) {
                 let mut lines = text.lines();
@@ -80,6 +84,7 @@ impl Operator {
                 .await
                 && r.status().as_u16() == 200
             {
+                self.started_in = spawned.elapsed();
                 return;
             }
             self.check_alive();

@@ -168,23 +168,35 @@ impl Receiver {
         deadline: Duration,
         done: impl Fn(&[Hit]) -> bool,
     ) -> Vec<Hit> {
+        self.wait_for(what, deadline, |hits| done(hits).then(|| hits.to_vec()))
+            .await
+    }
+
+    /// As [`Receiver::wait_until`], returning only what `found` picks out of the hits (for
+    /// example one arrival time) instead of a copy of them all: what a benchmark that waits
+    /// thousands of times among thousands of hits needs.
+    pub async fn wait_for<T>(
+        &self,
+        what: &str,
+        deadline: Duration,
+        found: impl Fn(&[Hit]) -> Option<T>,
+    ) -> T {
         let end = tokio::time::Instant::now() + deadline;
         loop {
             let notified = self.shared.changed.notified();
-            {
-                let hits = self.shared.hits.lock().unwrap();
-                if done(&hits) {
-                    return hits.clone();
-                }
+            if let Some(value) = found(&self.shared.hits.lock().unwrap()) {
+                return value;
             }
             if tokio::time::timeout_at(end, notified).await.is_err() {
-                let hits = self.hits();
-                if done(&hits) {
-                    return hits;
-                }
-                let mut per_path: HashMap<&str, usize> = HashMap::new();
-                for h in &hits {
-                    *per_path.entry(h.path.as_str()).or_default() += 1;
+                let mut per_path: HashMap<String, usize> = HashMap::new();
+                {
+                    let hits = self.shared.hits.lock().unwrap();
+                    if let Some(value) = found(&hits) {
+                        return value;
+                    }
+                    for h in hits.iter() {
+                        *per_path.entry(h.path.clone()).or_default() += 1;
+                    }
                 }
                 panic!(
                     "timed out after {deadline:?} waiting for {what}; hits per path: {per_path:?}"
