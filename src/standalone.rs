@@ -239,21 +239,50 @@ pub fn fingerprint(dir: &Path) -> anyhow::Result<[u8; 32]> {
 /// Reads every manifest in the folder. Kinds other than WebhookSubscription, WebhookQuota
 /// and Secret are skipped with a log line.
 pub fn load(dir: &Path) -> anyhow::Result<Manifests> {
-    let mut out = Manifests::default();
-    let rules = SubscriptionRules::new();
+    let mut loader = Loader::new();
     for (position, file) in manifest_files(dir)?.into_iter().enumerate() {
-        out.files += 1;
         let text = read_manifest(&file)?;
+        loader.add_text(&file.display().to_string(), position, &text)?;
+    }
+    Ok(loader.take())
+}
+
+/// Reads manifests from text, one file's content at a time: what [`load`] does for each
+/// file of the folder. It keeps the schema's compiled CEL rules, so one loader can read many
+/// texts.
+pub struct Loader {
+    rules: SubscriptionRules,
+    manifests: Manifests,
+}
+
+impl Default for Loader {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Loader {
+    pub fn new() -> Self {
+        Self {
+            rules: SubscriptionRules::new(),
+            manifests: Manifests::default(),
+        }
+    }
+
+    /// Adds the manifests of one file's text. `source` names the file in every error;
+    /// `position` is its place among the folder's files in name order (a quota's age). On an
+    /// error the manifests read so far are incomplete: a caller refuses the whole folder.
+    pub fn add_text(&mut self, source: &str, position: usize, text: &str) -> anyhow::Result<()> {
+        self.manifests.files += 1;
         let docs: Vec<serde_saphyr::Spanned<Value>> =
-            serde_saphyr::from_multiple_with_options(&text, parse_options())
-                .map_err(|e| anyhow::anyhow!("{}: {e}", file.display()))?;
+            serde_saphyr::from_multiple_with_options(text, parse_options())
+                .map_err(|e| anyhow::anyhow!("{source}: {e}"))?;
         let docs: Vec<_> = docs.into_iter().filter(|d| !d.value.is_null()).collect();
         if docs.is_empty() {
             // What a file being written (or truncated) looks like: never a removal.
             anyhow::bail!(
-                "{}: holds no manifest (empty or being written?); to remove its manifests, \
-                 delete the file",
-                file.display()
+                "{source}: holds no manifest (empty or being written?); to remove its manifests, \
+                 delete the file"
             );
         }
         for spanned in docs {
@@ -268,31 +297,27 @@ pub fn load(dir: &Path) -> anyhow::Result<Manifests> {
                 .pointer("/metadata/name")
                 .and_then(Value::as_str)
                 .ok_or_else(|| {
-                    anyhow::anyhow!(
-                        "{}: line {line}: a {kind} without metadata.name",
-                        file.display()
-                    )
+                    anyhow::anyhow!("{source}: line {line}: a {kind} without metadata.name")
                 })?
                 .to_string();
             let key = (namespace_of(&doc), name.clone());
-            let context = |what: &str| {
-                format!(
-                    "{}: line {line}: {kind} {}/{}: {what}",
-                    file.display(),
-                    key.0,
-                    key.1
-                )
-            };
+            let context =
+                |what: &str| format!("{source}: line {line}: {kind} {}/{}: {what}", key.0, key.1);
             match kind.as_str() {
                 "WebhookSubscription" => {
                     let spec: WebhookSubscriptionSpec =
                         typed(doc.get("spec").cloned().unwrap_or(Value::Null), "spec")
                             .map_err(|e| anyhow::anyhow!(context(&e)))?;
                     // The schema's CEL rules, as the API server would apply them.
-                    rules
+                    self.rules
                         .check(&name, &spec)
                         .map_err(|e| anyhow::anyhow!(context(&e)))?;
-                    if out.subscriptions.insert(key.clone(), spec).is_some() {
+                    if self
+                        .manifests
+                        .subscriptions
+                        .insert(key.clone(), spec)
+                        .is_some()
+                    {
                         anyhow::bail!(context("declared twice"));
                     }
                 }
@@ -321,7 +346,7 @@ pub fn load(dir: &Path) -> anyhow::Result<Manifests> {
                         created,
                         file: position,
                     };
-                    if out.quotas.insert(key.clone(), quota).is_some() {
+                    if self.manifests.quotas.insert(key.clone(), quota).is_some() {
                         anyhow::bail!(context("declared twice"));
                     }
                 }
@@ -345,17 +370,22 @@ pub fn load(dir: &Path) -> anyhow::Result<Manifests> {
                         values.insert(k, String::from_utf8_lossy(&decoded).into_owned());
                     }
                     values.extend(string_data.unwrap_or_default());
-                    if out.secrets.insert(key.clone(), values).is_some() {
+                    if self.manifests.secrets.insert(key.clone(), values).is_some() {
                         anyhow::bail!(context("declared twice"));
                     }
                 }
                 other => {
-                    tracing::info!(file = %file.display(), kind = other, name, "skipping a manifest herald does not use")
+                    tracing::info!(file = %source, kind = other, name, "skipping a manifest herald does not use")
                 }
             }
         }
+        Ok(())
     }
-    Ok(out)
+
+    /// What was read so far; the loader starts again empty.
+    pub fn take(&mut self) -> Manifests {
+        std::mem::take(&mut self.manifests)
+    }
 }
 
 /// Refuses an emptied folder while subscriptions are known: a folder with no manifest file
