@@ -42,6 +42,11 @@ pub struct ApiError {
 }
 
 impl ApiError {
+    /// The stable error code (`invalid_event`, `not_found`, ...).
+    pub fn code(&self) -> &'static str {
+        self.code
+    }
+
     fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
         Self {
             status,
@@ -218,13 +223,45 @@ async fn authorize(
         .map_err(ApiError::from)
 }
 
-#[derive(Deserialize)]
+/// A publish request's body, decoded and checked: `{"id"?, "type", "data"?}`.
+#[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-struct PublishRequest {
-    id: Option<String>,
+pub struct PublishRequest {
+    /// 1-255 visible ASCII characters when given.
+    pub id: Option<String>,
+    /// 1-253 characters of letters, digits and `_ . : / -`.
     #[serde(rename = "type")]
-    kind: String,
-    data: Option<Box<RawValue>>,
+    pub kind: String,
+    /// Any JSON value, kept as the producer wrote it.
+    pub data: Option<Box<RawValue>>,
+}
+
+/// Decodes a publish body, refusing what `POST .../events` answers 400 to (`invalid_event`,
+/// `invalid_type`, `invalid_id`). Pure, so it can be fuzzed without a server.
+pub fn decode_event(bytes: &[u8]) -> Result<PublishRequest, ApiError> {
+    let request: PublishRequest = serde_json::from_slice(bytes)
+        .map_err(|e| bad_request("invalid_event", format!("the body must be a JSON object {{\"type\": string, \"id\"?: string, \"data\"?: any}}: {e}")))?;
+    if request.kind.is_empty()
+        || request.kind.len() > 253
+        || !request
+            .kind
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"_.:/-".contains(&b))
+    {
+        return Err(bad_request(
+            "invalid_type",
+            "type must be 1-253 characters of letters, digits and _ . : / -",
+        ));
+    }
+    if let Some(id) = &request.id
+        && (id.is_empty() || id.len() > 255 || !id.bytes().all(|b| b.is_ascii_graphic()))
+    {
+        return Err(bad_request(
+            "invalid_id",
+            "id must be 1-255 visible ASCII characters",
+        ));
+    }
+    Ok(request)
 }
 
 /// Why a body could not be read: over the limit (`too_large`), or not a well-formed HTTP
@@ -287,28 +324,7 @@ async fn publish(
     let bytes = axum::body::to_bytes(body, api.max_body)
         .await
         .map_err(|e| body_error(e, too_large()))?;
-    let request: PublishRequest = serde_json::from_slice(&bytes)
-        .map_err(|e| bad_request("invalid_event", format!("the body must be a JSON object {{\"type\": string, \"id\"?: string, \"data\"?: any}}: {e}")))?;
-    if request.kind.is_empty()
-        || request.kind.len() > 253
-        || !request
-            .kind
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b"_.:/-".contains(&b))
-    {
-        return Err(bad_request(
-            "invalid_type",
-            "type must be 1-253 characters of letters, digits and _ . : / -",
-        ));
-    }
-    if let Some(id) = &request.id
-        && (id.is_empty() || id.len() > 255 || !id.bytes().all(|b| b.is_ascii_graphic()))
-    {
-        return Err(bad_request(
-            "invalid_id",
-            "id must be 1-255 visible ASCII characters",
-        ));
-    }
+    let request = decode_event(&bytes)?;
     let null = RawValue::NULL;
     let data = request.data.as_deref().unwrap_or(null);
     let result = api
