@@ -261,6 +261,17 @@ pub fn decode_event(bytes: &[u8]) -> Result<PublishRequest, ApiError> {
             "id must be 1-255 visible ASCII characters",
         ));
     }
+    // The data is delivered byte for byte as written, so it must be JSON that receivers can
+    // read. The grammar alone, all that keeping it raw checks, also admits numbers beyond
+    // any double (1e400), which serde_json, among others, refuses to read.
+    if let Some(data) = &request.data
+        && let Err(e) = serde_json::from_str::<serde_json::Value>(data.get())
+    {
+        return Err(bad_request(
+            "invalid_event",
+            format!("data is JSON that receivers cannot read: {e}"),
+        ));
+    }
     Ok(request)
 }
 
@@ -553,6 +564,35 @@ mod tests {
         let address = listener.local_addr().unwrap();
         tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
         address
+    }
+
+    /// Found by fuzzing (event_decode): data with a number beyond any double was accepted
+    /// and relayed, and receivers that read JSON with serde_json refused every delivery.
+    #[test]
+    fn event_data_must_be_json_that_receivers_can_read() {
+        for (data, why) in [
+            // A lone surrogate is no character: the same class of JSON, readable by some.
+            (r#""\ud800""#, "escape"),
+            ("1e400", "number out of range"),
+            ("[1,-1e999]", "number out of range"),
+            (r#"{"n":11e7777}"#, "number out of range"),
+        ] {
+            let body = format!(r#"{{"type":"order.paid","data":{data}}}"#);
+            let refused = decode_event(body.as_bytes()).expect_err(data);
+            assert_eq!(refused.code(), "invalid_event", "{data}");
+            assert!(refused.message.contains(why), "{data}: {}", refused.message);
+        }
+        for data in [
+            "1e300",
+            "1e-400",
+            "-0",
+            "12345678901234567890123",
+            r#""\u00e9""#,
+        ] {
+            let body = format!(r#"{{"type":"order.paid","data":{data}}}"#);
+            let event = decode_event(body.as_bytes()).expect(data);
+            assert_eq!(event.data.unwrap().get(), data, "relayed as written");
+        }
     }
 
     #[tokio::test]
