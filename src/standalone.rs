@@ -182,28 +182,47 @@ fn parse_options() -> serde_saphyr::Options {
 }
 
 /// A deserialization error about a field, worded without the value that was found there (a
-/// secret pasted into the wrong field must not be quoted back into the log): every quoted
-/// span before serde's ", expected ..." is dropped; what follows names types and variants.
+/// secret pasted into the wrong field must not be quoted back into the log). serde words
+/// these "<found>, expected <what>": everything of <found> from its first quote on is
+/// dropped, and <what>, which names types and variants, is kept. The value is never parsed
+/// for where it ends: it may hold quotes, escapes, backticks or serde's own words.
 fn without_values(message: &str) -> String {
-    let (found, expected) = match message.find(", expected") {
-        Some(at) => message.split_at(at),
-        None => (message, ""),
-    };
-    let mut out = String::with_capacity(message.len());
-    let mut quote = None;
-    for c in found.chars() {
-        match quote {
-            Some(close) if c == close => quote = None,
-            Some(_) => {}
-            None if c == '"' || c == '`' || c == '\'' => {
-                quote = Some(c);
-                out.push_str("(value not shown)");
-            }
-            None => out.push(c),
-        }
+    const QUOTES: [char; 3] = ['"', '`', '\''];
+    const HIDDEN: &str = "(value not shown)";
+    // These name a field, never a value.
+    if ["missing field ", "duplicate field "]
+        .iter()
+        .any(|p| message.starts_with(p))
+    {
+        return message.to_string();
     }
-    out.push_str(expected);
-    out
+    let found_then_expected = [
+        "invalid type: ",
+        "invalid value: ",
+        "unknown variant ",
+        "unknown field ",
+    ];
+    if found_then_expected.iter().any(|p| message.starts_with(p)) {
+        // <what> never holds these words, so their last occurrence is serde's own.
+        let at = [", expected", ", there are no"]
+            .iter()
+            .filter_map(|clause| message.rfind(clause))
+            .max()
+            .unwrap_or(message.len());
+        let (found, expected) = message.split_at(at);
+        return match found.find(QUOTES) {
+            Some(start) => format!("{}{HIDDEN}{expected}", &found[..start]),
+            None => message.to_string(),
+        };
+    }
+    // Any other message (a duration's, say): all from the first quote to the last.
+    match (message.find(QUOTES), message.rfind(QUOTES)) {
+        (Some(first), Some(last)) if first < last => {
+            format!("{}{HIDDEN}{}", &message[..first], &message[last + 1..])
+        }
+        (Some(first), _) => format!("{}{HIDDEN}", &message[..first]),
+        _ => message.to_string(),
+    }
 }
 
 /// Deserializes a part of a manifest, naming the failing field (`prefix.path`) and never the
@@ -879,6 +898,46 @@ spec:
             assert!(e.contains(field), "no {field} in: {e}");
             let _ = std::fs::remove_dir_all(dir);
         }
+    }
+
+    /// Found by fuzzing (manifests): a misplaced value holding a quote (escaped by serde as
+    /// `\"`), a backtick or serde's own ", expected" ended the hidden span early, and the
+    /// rest of the value, a secret, was quoted into the error.
+    #[test]
+    fn values_holding_quotes_or_serde_words_stay_hidden() {
+        const SECRET: &str = "whsec_c2VjcmV0LXZhbHVlLW5ldmVyLWxvZ2dlZA";
+        for message in [
+            format!(r#"invalid type: string "a\"b {SECRET}", expected a map"#),
+            format!(r#"invalid type: string "it's {SECRET}", expected a map"#),
+            format!(r#"invalid type: string "x, expected y {SECRET}", expected a map"#),
+            format!(
+                "unknown variant `a`b {SECRET}`, expected one of `stripe`, `standard-webhooks`"
+            ),
+            format!("unknown variant `x, there are no {SECRET}`, there are no variants"),
+            format!("invalid value: integer `1` {SECRET}`, expected u32"),
+            format!(r#""1h\"{SECRET}" is not a duration such as 250ms, 30s, 5m, 72h or 1h30m"#),
+        ] {
+            let shown = without_values(&message);
+            assert!(!shown.contains("whsec_"), "{message} → {shown}");
+            assert!(shown.contains("(value not shown)"), "{message} → {shown}");
+        }
+        assert_eq!(
+            without_values("unknown variant `x`, expected one of `stripe`, `standard-webhooks`"),
+            "unknown variant (value not shown), expected one of `stripe`, `standard-webhooks`"
+        );
+        assert_eq!(without_values("missing field `url`"), "missing field `url`");
+        assert_eq!(
+            without_values("invalid type: map, expected a string"),
+            "invalid type: map, expected a string"
+        );
+        // Through the loader: a Secret's text with a quote, pasted where a map belongs.
+        let dir = folder(&[(
+            "s.yaml",
+            &format!("kind: Secret\nmetadata: {{name: s}}\nstringData: |\n  say \"{SECRET}\"\n"),
+        )]);
+        let e = format!("{:#}", load(&dir).expect_err("accepted"));
+        assert!(!e.contains(SECRET) && e.contains("stringData"), "{e}");
+        let _ = std::fs::remove_dir_all(dir);
     }
 
     /// Defect 5: two Secrets with one namespace and name are refused, as subscriptions are.
