@@ -2,7 +2,9 @@
 //! (`tests/fuzz/targets.rs`), fed by proptest with arbitrary bytes and with mutations of the
 //! checked-in seeds (`tests/fuzz/seeds/<target>/`, which also hold every input that once
 //! crashed a target). `scripts/fuzz` runs these instead of libFuzzer where no nightly
-//! toolchain is installed; `HERALD_FUZZ_CASES` sets the cases per target (default 500).
+//! toolchain is installed. `HERALD_FUZZ_CASES` sets the cases per target (default 500);
+//! with `HERALD_FUZZ_SECONDS` each target runs batches of that many cases until that many
+//! seconds have passed, and prints how many cases it ran.
 
 #[path = "fuzz/targets.rs"]
 mod targets;
@@ -96,19 +98,38 @@ fn check(name: &str) {
         .ok()
         .and_then(|c| c.parse().ok())
         .unwrap_or(500);
-    let mut runner = TestRunner::new(Config {
-        cases,
-        failure_persistence: None,
-        ..Config::default()
-    });
-    let seeds = seeds(name).into_iter().map(|(_, bytes)| bytes).collect();
+    let seconds: Option<u64> = std::env::var("HERALD_FUZZ_SECONDS")
+        .ok()
+        .and_then(|s| s.parse().ok());
+    let strategy = inputs(seeds(name).into_iter().map(|(_, bytes)| bytes).collect());
+    let started = std::time::Instant::now();
+    let mut ran = 0u64;
     quiet_while_shrinking();
     QUIET.set(true);
-    let result = runner.run(&inputs(seeds), |input| {
-        std::panic::catch_unwind(|| body(&input.0))
-            .map_err(|_| TestCaseError::fail("the target panicked (message below)"))
-    });
+    let result = loop {
+        let mut runner = TestRunner::new(Config {
+            cases,
+            failure_persistence: None,
+            ..Config::default()
+        });
+        let batch = runner.run(&strategy, |input| {
+            std::panic::catch_unwind(|| body(&input.0))
+                .map_err(|_| TestCaseError::fail("the target panicked (message below)"))
+        });
+        ran += u64::from(cases);
+        let time_left = seconds.is_some_and(|s| started.elapsed().as_secs() < s);
+        if batch.is_err() || !time_left {
+            break batch;
+        }
+    };
     QUIET.set(false);
+    if seconds.is_some() {
+        println!(
+            "fuzz property {name}: {ran} cases in {:.1}s, {}",
+            started.elapsed().as_secs_f64(),
+            if result.is_ok() { "ok" } else { "FAILED" }
+        );
+    }
     if let Err(e) = result {
         if let proptest::test_runner::TestError::Fail(_, input) = &e {
             // Again, aloud: the property's own message for the smallest input.
