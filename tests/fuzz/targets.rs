@@ -676,10 +676,13 @@ fn planted_only_as_values(text: &str) -> bool {
             })
             || in_a_key(doc)
     };
-    if let Ok(docs) = serde_saphyr::from_multiple::<Value>(text)
-        && docs.iter().any(names_it)
-    {
-        return false;
+    match serde_saphyr::from_multiple::<Value>(text) {
+        Ok(docs) if docs.iter().any(names_it) => return false,
+        Ok(_) => {}
+        // Unparsed, a quoted scalar or an explicit key may span lines and hold the secret in
+        // a key, which errors name (a duplicate key): only plain text is judged line by line.
+        Err(_) if text.contains(['"', '\'', '?']) => return false,
+        Err(_) => {}
     }
     text.match_indices(PLANTED_SECRET).all(|(at, _)| {
         let line = text[..at].rsplit('\n').next().unwrap_or_default();
