@@ -182,28 +182,47 @@ fn parse_options() -> serde_saphyr::Options {
 }
 
 /// A deserialization error about a field, worded without the value that was found there (a
-/// secret pasted into the wrong field must not be quoted back into the log): every quoted
-/// span before serde's ", expected ..." is dropped; what follows names types and variants.
+/// secret pasted into the wrong field must not be quoted back into the log). serde words
+/// these "<found>, expected <what>": everything of <found> from its first quote on is
+/// dropped, and <what>, which names types and variants, is kept. The value is never parsed
+/// for where it ends: it may hold quotes, escapes, backticks or serde's own words.
 fn without_values(message: &str) -> String {
-    let (found, expected) = match message.find(", expected") {
-        Some(at) => message.split_at(at),
-        None => (message, ""),
-    };
-    let mut out = String::with_capacity(message.len());
-    let mut quote = None;
-    for c in found.chars() {
-        match quote {
-            Some(close) if c == close => quote = None,
-            Some(_) => {}
-            None if c == '"' || c == '`' || c == '\'' => {
-                quote = Some(c);
-                out.push_str("(value not shown)");
-            }
-            None => out.push(c),
-        }
+    const QUOTES: [char; 3] = ['"', '`', '\''];
+    const HIDDEN: &str = "(value not shown)";
+    // These name a field, never a value.
+    if ["missing field ", "duplicate field "]
+        .iter()
+        .any(|p| message.starts_with(p))
+    {
+        return message.to_string();
     }
-    out.push_str(expected);
-    out
+    let found_then_expected = [
+        "invalid type: ",
+        "invalid value: ",
+        "unknown variant ",
+        "unknown field ",
+    ];
+    if found_then_expected.iter().any(|p| message.starts_with(p)) {
+        // <what> never holds these words, so their last occurrence is serde's own.
+        let at = [", expected", ", there are no"]
+            .iter()
+            .filter_map(|clause| message.rfind(clause))
+            .max()
+            .unwrap_or(message.len());
+        let (found, expected) = message.split_at(at);
+        return match found.find(QUOTES) {
+            Some(start) => format!("{}{HIDDEN}{expected}", &found[..start]),
+            None => message.to_string(),
+        };
+    }
+    // Any other message (a duration's, say): all from the first quote to the last.
+    match (message.find(QUOTES), message.rfind(QUOTES)) {
+        (Some(first), Some(last)) if first < last => {
+            format!("{}{HIDDEN}{}", &message[..first], &message[last + 1..])
+        }
+        (Some(first), _) => format!("{}{HIDDEN}", &message[..first]),
+        _ => message.to_string(),
+    }
 }
 
 /// Deserializes a part of a manifest, naming the failing field (`prefix.path`) and never the
@@ -239,21 +258,50 @@ pub fn fingerprint(dir: &Path) -> anyhow::Result<[u8; 32]> {
 /// Reads every manifest in the folder. Kinds other than WebhookSubscription, WebhookQuota
 /// and Secret are skipped with a log line.
 pub fn load(dir: &Path) -> anyhow::Result<Manifests> {
-    let mut out = Manifests::default();
-    let rules = SubscriptionRules::new();
+    let mut loader = Loader::new();
     for (position, file) in manifest_files(dir)?.into_iter().enumerate() {
-        out.files += 1;
         let text = read_manifest(&file)?;
+        loader.add_text(&file.display().to_string(), position, &text)?;
+    }
+    Ok(loader.take())
+}
+
+/// Reads manifests from text, one file's content at a time: what [`load`] does for each
+/// file of the folder. It keeps the schema's compiled CEL rules, so one loader can read many
+/// texts.
+pub struct Loader {
+    rules: SubscriptionRules,
+    manifests: Manifests,
+}
+
+impl Default for Loader {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Loader {
+    pub fn new() -> Self {
+        Self {
+            rules: SubscriptionRules::new(),
+            manifests: Manifests::default(),
+        }
+    }
+
+    /// Adds the manifests of one file's text. `source` names the file in every error;
+    /// `position` is its place among the folder's files in name order (a quota's age). On an
+    /// error the manifests read so far are incomplete: a caller refuses the whole folder.
+    pub fn add_text(&mut self, source: &str, position: usize, text: &str) -> anyhow::Result<()> {
+        self.manifests.files += 1;
         let docs: Vec<serde_saphyr::Spanned<Value>> =
-            serde_saphyr::from_multiple_with_options(&text, parse_options())
-                .map_err(|e| anyhow::anyhow!("{}: {e}", file.display()))?;
+            serde_saphyr::from_multiple_with_options(text, parse_options())
+                .map_err(|e| anyhow::anyhow!("{source}: {e}"))?;
         let docs: Vec<_> = docs.into_iter().filter(|d| !d.value.is_null()).collect();
         if docs.is_empty() {
             // What a file being written (or truncated) looks like: never a removal.
             anyhow::bail!(
-                "{}: holds no manifest (empty or being written?); to remove its manifests, \
-                 delete the file",
-                file.display()
+                "{source}: holds no manifest (empty or being written?); to remove its manifests, \
+                 delete the file"
             );
         }
         for spanned in docs {
@@ -268,31 +316,27 @@ pub fn load(dir: &Path) -> anyhow::Result<Manifests> {
                 .pointer("/metadata/name")
                 .and_then(Value::as_str)
                 .ok_or_else(|| {
-                    anyhow::anyhow!(
-                        "{}: line {line}: a {kind} without metadata.name",
-                        file.display()
-                    )
+                    anyhow::anyhow!("{source}: line {line}: a {kind} without metadata.name")
                 })?
                 .to_string();
             let key = (namespace_of(&doc), name.clone());
-            let context = |what: &str| {
-                format!(
-                    "{}: line {line}: {kind} {}/{}: {what}",
-                    file.display(),
-                    key.0,
-                    key.1
-                )
-            };
+            let context =
+                |what: &str| format!("{source}: line {line}: {kind} {}/{}: {what}", key.0, key.1);
             match kind.as_str() {
                 "WebhookSubscription" => {
                     let spec: WebhookSubscriptionSpec =
                         typed(doc.get("spec").cloned().unwrap_or(Value::Null), "spec")
                             .map_err(|e| anyhow::anyhow!(context(&e)))?;
                     // The schema's CEL rules, as the API server would apply them.
-                    rules
+                    self.rules
                         .check(&name, &spec)
                         .map_err(|e| anyhow::anyhow!(context(&e)))?;
-                    if out.subscriptions.insert(key.clone(), spec).is_some() {
+                    if self
+                        .manifests
+                        .subscriptions
+                        .insert(key.clone(), spec)
+                        .is_some()
+                    {
                         anyhow::bail!(context("declared twice"));
                     }
                 }
@@ -321,7 +365,7 @@ pub fn load(dir: &Path) -> anyhow::Result<Manifests> {
                         created,
                         file: position,
                     };
-                    if out.quotas.insert(key.clone(), quota).is_some() {
+                    if self.manifests.quotas.insert(key.clone(), quota).is_some() {
                         anyhow::bail!(context("declared twice"));
                     }
                 }
@@ -345,17 +389,22 @@ pub fn load(dir: &Path) -> anyhow::Result<Manifests> {
                         values.insert(k, String::from_utf8_lossy(&decoded).into_owned());
                     }
                     values.extend(string_data.unwrap_or_default());
-                    if out.secrets.insert(key.clone(), values).is_some() {
+                    if self.manifests.secrets.insert(key.clone(), values).is_some() {
                         anyhow::bail!(context("declared twice"));
                     }
                 }
                 other => {
-                    tracing::info!(file = %file.display(), kind = other, name, "skipping a manifest herald does not use")
+                    tracing::info!(file = %source, kind = other, name, "skipping a manifest herald does not use")
                 }
             }
         }
+        Ok(())
     }
-    Ok(out)
+
+    /// What was read so far; the loader starts again empty.
+    pub fn take(&mut self) -> Manifests {
+        std::mem::take(&mut self.manifests)
+    }
 }
 
 /// Refuses an emptied folder while subscriptions are known: a folder with no manifest file
@@ -904,6 +953,46 @@ spec:
             assert!(e.contains(field), "no {field} in: {e}");
             let _ = std::fs::remove_dir_all(dir);
         }
+    }
+
+    /// Found by fuzzing (manifests): a misplaced value holding a quote (escaped by serde as
+    /// `\"`), a backtick or serde's own ", expected" ended the hidden span early, and the
+    /// rest of the value, a secret, was quoted into the error.
+    #[test]
+    fn values_holding_quotes_or_serde_words_stay_hidden() {
+        const SECRET: &str = "whsec_c2VjcmV0LXZhbHVlLW5ldmVyLWxvZ2dlZA";
+        for message in [
+            format!(r#"invalid type: string "a\"b {SECRET}", expected a map"#),
+            format!(r#"invalid type: string "it's {SECRET}", expected a map"#),
+            format!(r#"invalid type: string "x, expected y {SECRET}", expected a map"#),
+            format!(
+                "unknown variant `a`b {SECRET}`, expected one of `stripe`, `standard-webhooks`"
+            ),
+            format!("unknown variant `x, there are no {SECRET}`, there are no variants"),
+            format!("invalid value: integer `1` {SECRET}`, expected u32"),
+            format!(r#""1h\"{SECRET}" is not a duration such as 250ms, 30s, 5m, 72h or 1h30m"#),
+        ] {
+            let shown = without_values(&message);
+            assert!(!shown.contains("whsec_"), "{message} → {shown}");
+            assert!(shown.contains("(value not shown)"), "{message} → {shown}");
+        }
+        assert_eq!(
+            without_values("unknown variant `x`, expected one of `stripe`, `standard-webhooks`"),
+            "unknown variant (value not shown), expected one of `stripe`, `standard-webhooks`"
+        );
+        assert_eq!(without_values("missing field `url`"), "missing field `url`");
+        assert_eq!(
+            without_values("invalid type: map, expected a string"),
+            "invalid type: map, expected a string"
+        );
+        // Through the loader: a Secret's text with a quote, pasted where a map belongs.
+        let dir = folder(&[(
+            "s.yaml",
+            &format!("kind: Secret\nmetadata: {{name: s}}\nstringData: |\n  say \"{SECRET}\"\n"),
+        )]);
+        let e = format!("{:#}", load(&dir).expect_err("accepted"));
+        assert!(!e.contains(SECRET) && e.contains("stringData"), "{e}");
+        let _ = std::fs::remove_dir_all(dir);
     }
 
     /// Defect 5: two Secrets with one namespace and name are refused, as subscriptions are.
