@@ -119,14 +119,30 @@ impl HttpSender {
         }
         headers.insert(ATTEMPT_HEADER, HeaderValue::from(claimed.attempt));
 
-        let request = self
+        let mut request = self
             .client
             .post(target.url.clone())
             .headers(headers)
             .timeout(target.timeout)
             .body(claimed.body.clone());
 
-        let mut response = match request.send().await {
+        // Out of descriptors is herald's own shortage, not the receiver's failure: the attempt
+        // waits for a descriptor (within its timeout) instead of failing at once, so a process
+        // at its limit queues its deliveries rather than count them against receivers.
+        let sent = loop {
+            let retry = request.try_clone();
+            match request.send().await {
+                Err(error) if out_of_descriptors(&error) && started.elapsed() < target.timeout => {
+                    match retry {
+                        Some(again) => request = again,
+                        None => break Err(error),
+                    }
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                sent => break sent,
+            }
+        };
+        let mut response = match sent {
             Ok(response) => response,
             Err(error) => {
                 return match egress_refusal(&error) {
@@ -251,6 +267,20 @@ fn certificate_problem(error: &rustls::CertificateError) -> String {
 /// without anything changing on herald's side, so a terminal outcome would dead-letter
 /// events that a later attempt delivers. One that stays broken runs out of attempts and
 /// counts towards `disableAfterConsecutiveFailures` like a receiver that is down.
+/// Whether sending failed because this process (or the system) is out of file descriptors.
+fn out_of_descriptors(error: &reqwest::Error) -> bool {
+    let mut source = std::error::Error::source(error);
+    while let Some(e) = source {
+        if let Some(io) = e.downcast_ref::<std::io::Error>()
+            && matches!(io.raw_os_error(), Some(libc::EMFILE | libc::ENFILE))
+        {
+            return true;
+        }
+        source = e.source();
+    }
+    false
+}
+
 fn describe(error: &reqwest::Error, timeout: Duration) -> String {
     if error.is_timeout() {
         return format!("timed out after {}ms", timeout.as_millis());
