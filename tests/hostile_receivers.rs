@@ -450,11 +450,12 @@ async fn all_transient(herald: &Herald, ids: &[String], tries: usize, reason: &s
     }
 }
 
-/// A connection reset right after the request is a transient failure, retried.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_reset_connection_is_a_transient_failure() {
+/// Three events to a receiver that answers as `behaviour` does: every attempt is a transient
+/// failure whose message names `reason`, retried 8 times each, while a healthy subscription
+/// stays prompt.
+async fn retried_as_transient(behaviour: Hostile, reason: &str) {
     let receiver = Receiver::start().await;
-    let server = hostile(Hostile::Reset).await;
+    let server = hostile(behaviour).await;
     let herald = start(
         &receiver,
         &server,
@@ -462,22 +463,18 @@ async fn a_reset_connection_is_a_transient_failure() {
     );
     let ids = publish_hostile(&herald, 3).await;
     healthy_stays_prompt(&herald, &receiver, &server, 3, || ()).await;
-    all_transient(&herald, &ids, 8, "reset").await;
+    all_transient(&herald, &ids, 8, reason).await;
     assert_eq!(server.accepted.load(Ordering::SeqCst), 3 * 8);
+}
+
+/// A connection reset right after the request is a transient failure, retried.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reset_connection_is_a_transient_failure() {
+    retried_as_transient(Hostile::Reset, "reset").await;
 }
 
 /// Bytes that are not HTTP instead of a response are a transient failure, retried.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn garbage_instead_of_http_is_a_transient_failure() {
-    let receiver = Receiver::start().await;
-    let server = hostile(Hostile::Garbage).await;
-    let herald = start(
-        &receiver,
-        &server,
-        json!({"retry": {"maxAttempts": 8, "initialBackoff": "200ms", "maxBackoff": "200ms"}}),
-    );
-    let ids = publish_hostile(&herald, 3).await;
-    healthy_stays_prompt(&herald, &receiver, &server, 3, || ()).await;
-    all_transient(&herald, &ids, 8, "invalid HTTP").await;
-    assert_eq!(server.accepted.load(Ordering::SeqCst), 3 * 8);
+    retried_as_transient(Hostile::Garbage, "invalid HTTP").await;
 }
