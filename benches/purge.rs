@@ -21,6 +21,7 @@ fn record(uid: &str) -> SubscriptionRecord {
         name: uid.into(),
         paused: false,
         disable_after: 0,
+        shard: 0,
     }
 }
 

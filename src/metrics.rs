@@ -33,6 +33,8 @@ pub struct Metrics {
     pub reconciles: IntCounterVec,
     pub reconcile_duration: Histogram,
     pub status_writes: IntCounter,
+    /// With several replicas: 1 for each shard this replica holds, 0 for the others.
+    pub shard_owned: IntGaugeVec,
     /// Only filled with --metrics-subscription-labels.
     pub subscription_attempts: IntCounterVec,
     subscription_labels: AtomicBool,
@@ -106,6 +108,14 @@ static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
             "Status writes made to WebhookSubscriptions.",
         )
         .expect("a valid metric"),
+        shard_owned: IntGaugeVec::new(
+            Opts::new(
+                "herald_shard_owned",
+                "1 for each shard this replica holds a Lease for and may deliver for (only with --shard-leases).",
+            ),
+            &["shard"],
+        )
+        .expect("a valid metric"),
         subscription_attempts: counter(
             "herald_subscription_attempts_total",
             "Delivery attempts finished per subscription, by outcome (only with --metrics-subscription-labels).",
@@ -125,6 +135,7 @@ static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
         Box::new(metrics.reconciles.clone()),
         Box::new(metrics.reconcile_duration.clone()),
         Box::new(metrics.status_writes.clone()),
+        Box::new(metrics.shard_owned.clone()),
     ] {
         registry
             .register(collector)
@@ -169,6 +180,7 @@ pub fn names() -> Vec<String> {
         &metrics.reconciles,
         &metrics.reconcile_duration,
         &metrics.status_writes,
+        &metrics.shard_owned,
         &metrics.subscription_attempts,
     ]
     .iter()

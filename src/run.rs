@@ -140,6 +140,27 @@ pub struct RunArgs {
     /// per subscription and outcome: mind the cardinality).
     #[arg(long, env = "HERALD_METRICS_SUBSCRIPTION_LABELS")]
     metrics_subscription_labels: bool,
+    /// Cluster mode with several replicas sharing one store: deliver only for the shards this
+    /// replica holds through Leases in --lease-namespace (see the README's "Scaling out").
+    #[arg(long, env = "HERALD_SHARD_LEASES")]
+    shard_leases: bool,
+    /// Virtual shards subscriptions hash onto (FNV-1a of the uid, modulo this); every
+    /// replica must use the same number.
+    #[arg(long, env = "HERALD_SHARDS", default_value_t = 16,
+          value_parser = clap::value_parser!(u32).range(1..=4096))]
+    shards: u32,
+    /// herald's own namespace, where shard Leases live (the chart sets it).
+    #[arg(long, env = "HERALD_LEASE_NAMESPACE", default_value = "herald-system")]
+    lease_namespace: String,
+    /// This replica's identity in the Leases; default POD_NAME, else the host name and
+    /// process id.
+    #[arg(long, env = "HERALD_REPLICA_ID")]
+    replica_id: Option<String>,
+    /// A shard Lease lasts this many seconds unless renewed (every third of it); a replica
+    /// stops starting attempts for a shard a third of it before its Lease could be taken.
+    #[arg(long, env = "HERALD_SHARD_LEASE_SECONDS", default_value_t = 15,
+          value_parser = clap::value_parser!(u64).range(3..=3600))]
+    shard_lease_seconds: u64,
     /// Once serving, write the ingest API's address to this file (for scripts and tests;
     /// `https://ADDRESS` when it serves TLS); a second line holds the address of /healthz,
     /// /readyz and /metrics when served.
@@ -148,6 +169,18 @@ pub struct RunArgs {
 }
 
 impl RunArgs {
+    fn replica_identity(&self) -> String {
+        self.replica_id
+            .clone()
+            .or_else(|| std::env::var("POD_NAME").ok())
+            .unwrap_or_else(|| {
+                let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+                    .map(|h| h.trim().to_string())
+                    .unwrap_or_else(|_| "herald".into());
+                format!("{host}-{}", std::process::id())
+            })
+    }
+
     fn engine(&self) -> anyhow::Result<Arc<Engine>> {
         let store = Arc::new(crate::store::timed::Timed(SqliteStore::open(
             &self.data_dir,
@@ -351,8 +384,13 @@ async fn kube_client(args: &RunArgs) -> anyhow::Result<kube::Client> {
 
 async fn run_cluster(args: RunArgs) -> anyhow::Result<()> {
     use crate::controller::{
-        access_review::KubeAuthorizer, reconcile::Context, status::StatusWriter, watch,
+        access_review::KubeAuthorizer,
+        reconcile::Context,
+        shard_leases::{LeaseConfig, ShardLeases},
+        status::StatusWriter,
+        watch,
     };
+    use crate::delivery::shards::Ownership;
     let _ = rustls::crypto::ring::default_provider().install_default();
     let tls = args.ingest_tls()?;
     let client = kube_client(&args).await?;
@@ -388,8 +426,26 @@ async fn run_cluster(args: RunArgs) -> anyhow::Result<()> {
             }
         }
     }
+    let leases = args.shard_leases.then(|| {
+        let ownership = Arc::new(Ownership::new(args.shards));
+        engine.share_by_shards(ownership.clone());
+        let seconds = args.shard_lease_seconds;
+        let config = LeaseConfig {
+            namespace: args.lease_namespace.clone(),
+            identity: args.replica_identity(),
+            duration: Duration::from_secs(seconds),
+            renew_every: Duration::from_millis(seconds * 1000 / 3),
+            margin: Duration::from_millis(seconds * 1000 / 3),
+        };
+        tracing::info!(identity = %config.identity, shards = args.shards, namespace = %config.namespace, "sharing the store: delivering only for shards this replica holds");
+        Arc::new(ShardLeases::new(client.clone(), config, ownership, engine.clone()))
+    });
     engine.recover().await?;
     engine.spawn();
+    if let Some(leases) = &leases {
+        let leases = leases.clone();
+        tokio::spawn(async move { leases.run().await });
+    }
     tokio::spawn(log_notices(engine.clone()));
 
     let status = StatusWriter::new(
@@ -454,6 +510,9 @@ async fn run_cluster(args: RunArgs) -> anyhow::Result<()> {
     });
     let limits = ingest::listener::Limits::from_env(args.max_in_flight)?;
     ingest::listener::serve(listener, app, limits, tls, terminated()).await?;
+    if let Some(leases) = &leases {
+        leases.release_all().await;
+    }
     stop(&engine, args.shutdown_timeout_seconds).await;
     Ok(())
 }

@@ -6,11 +6,13 @@
 //! - [`reconcile`]: one subscription's reconcile and its finalizer `herald.dev/purge`;
 //! - [`conditions`]: the pure decisions (status conditions, Events, which quota is in force);
 //! - [`status`]: writing status (coalesced) and Events;
-//! - [`access_review`]: TokenReview and SubjectAccessReview behind the ingest API.
+//! - [`access_review`]: TokenReview and SubjectAccessReview behind the ingest API;
+//! - [`shard_leases`]: with several replicas, which shards this one delivers for.
 
 pub mod access_review;
 pub mod conditions;
 pub mod reconcile;
+pub mod shard_leases;
 pub mod status;
 pub mod watch;
 

@@ -6,7 +6,7 @@
 use std::cmp::Reverse;
 use std::collections::{BTreeSet, BinaryHeap, HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
 
 use super::clock::now_ms;
@@ -22,6 +22,7 @@ use super::http::{HttpSender, Target};
 use super::outcome::Outcome;
 use super::retry::{self, Decision};
 use super::scheduler::Scheduler;
+use super::shards::Ownership;
 use crate::store::{
     self, AttemptRecord, Claim, DeliveryView, NewEvent, Next, PublishResult, StateFilter, Store,
     SubscriptionRecord, SubscriptionState,
@@ -142,6 +143,8 @@ pub struct Engine {
     /// Attempt tasks running, and a signal when one ends.
     running: AtomicUsize,
     finished: Notify,
+    /// With several replicas: the shards this one may start attempts for.
+    ownership: OnceLock<Arc<Ownership>>,
 }
 
 /// Counts an attempt task for [`Engine::drain`] until it ends, however it ends.
@@ -182,7 +185,33 @@ impl Engine {
             stopping: AtomicBool::new(false),
             running: AtomicUsize::new(0),
             finished: Notify::new(),
+            ownership: OnceLock::new(),
         })
+    }
+
+    /// Shares the store with other replicas: from now on an attempt starts only for a shard
+    /// `ownership` holds, under its lease epoch. Call before [`Engine::recover`].
+    pub fn share_by_shards(&self, ownership: Arc<Ownership>) {
+        let _ = self.ownership.set(ownership);
+    }
+
+    /// This replica took `shard` at `epoch` in the store: its lanes may have due work.
+    pub fn shard_taken(&self, shard: u32) {
+        let Some(ownership) = self.ownership.get() else {
+            return;
+        };
+        let mut inner = self.lock();
+        let uids: Vec<String> = inner
+            .subs
+            .keys()
+            .filter(|uid| ownership.shard_of(uid) == shard)
+            .cloned()
+            .collect();
+        for uid in uids {
+            inner.scheduler.wake(&uid);
+        }
+        drop(inner);
+        self.wakeup.notify_one();
     }
 
     fn lock(&self) -> MutexGuard<'_, Inner> {
@@ -212,7 +241,12 @@ impl Engine {
     /// After a restart and before dispatching: attempts that were on the wire become due
     /// again, and lanes with pending work are woken.
     pub async fn recover(&self) -> Result<(), EngineError> {
-        let recovered = self.store.recover_in_flight(now_ms()).await?;
+        // Shared by shards, attempts on the wire may be another replica's: those of a shard
+        // become due again when it is taken (Store::take_shard), not at this start.
+        let recovered = match self.ownership.get() {
+            Some(_) => 0,
+            None => self.store.recover_in_flight(now_ms()).await?,
+        };
         if recovered > 0 {
             tracing::info!(
                 recovered,
@@ -248,6 +282,7 @@ impl Engine {
                 name: config.name.clone(),
                 paused: config.held(),
                 disable_after: config.disable_after,
+                shard: self.ownership.get().map_or(0, |o| o.shard_of(&config.uid)),
             })
             .await?;
         if !state.live {
@@ -682,7 +717,15 @@ impl Engine {
             self.lock().scheduler.release(uid, &config.namespace);
             return;
         }
-        let claimed = match self.store.claim_next(uid, now_ms()).await {
+        let claim = match self.ownership.get() {
+            None => self.store.claim_next(uid, now_ms()).await,
+            Some(ownership) => match ownership.fence(ownership.shard_of(uid)) {
+                Some(fence) => self.store.claim_fenced(uid, now_ms(), fence).await,
+                // Not this replica's shard (now): the lane rests until the shard is taken.
+                None => Ok(Claim::Idle { next_due_ms: None }),
+            },
+        };
+        let claimed = match claim {
             Ok(Claim::Claimed(claimed)) => claimed,
             Ok(Claim::Idle { next_due_ms }) => {
                 let mut inner = self.lock();

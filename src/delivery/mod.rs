@@ -10,6 +10,7 @@ pub mod http;
 pub mod outcome;
 pub mod retry;
 pub mod scheduler;
+pub mod shards;
 
 use std::time::Duration;
 

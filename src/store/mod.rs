@@ -43,6 +43,16 @@ pub struct SubscriptionRecord {
     pub paused: bool,
     /// Disable after this many consecutive failures; 0 never.
     pub disable_after: u32,
+    /// Its shard (`delivery::shards::shard_of`; 0 with one replica).
+    pub shard: u32,
+}
+
+/// A claim's proof of shard ownership: the lease epoch under which this replica holds the
+/// shard. The store refuses the claim unless it is the shard's current epoch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ShardFence {
+    pub shard: u32,
+    pub epoch: i64,
 }
 
 /// Counters and flags kept with the subscription row.
@@ -126,6 +136,16 @@ pub enum Next {
     Delivered,
     Retry { due_ms: i64 },
     DeadLetter,
+}
+
+/// One recorded taking of a shard.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ShardTaking {
+    pub shard: u32,
+    pub epoch: i64,
+    pub holder: String,
+    pub at_ms: i64,
 }
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -224,6 +244,28 @@ pub trait Store: Send + Sync + 'static {
     /// The fence: claims the subscription's next due delivery if the subscription is live,
     /// enabled and unpaused, in one transaction.
     async fn claim_next(&self, uid: &str, now_ms: i64) -> Result<Claim>;
+
+    /// As [`Store::claim_next`], and only while `fence.epoch` is the shard's current epoch
+    /// (see [`Store::take_shard`]), in the same transaction.
+    async fn claim_fenced(&self, uid: &str, now_ms: i64, fence: ShardFence) -> Result<Claim> {
+        let _ = (uid, now_ms, fence);
+        Err(Error::Backend("this store does not fence by shard".into()))
+    }
+
+    /// Records that `holder` took `shard` at lease `epoch`, if that epoch is newer than the
+    /// one recorded: from then on only claims with this epoch succeed, and the shard's
+    /// attempts that were in flight under an older epoch are due again (their replica may be
+    /// gone; if it was only paused, whichever completion comes first finishes the delivery).
+    /// Every taking is kept in the shard history. Returns whether it was recorded.
+    async fn take_shard(&self, shard: u32, holder: &str, epoch: i64, now_ms: i64) -> Result<bool> {
+        let _ = (shard, holder, epoch, now_ms);
+        Err(Error::Backend("this store does not fence by shard".into()))
+    }
+
+    /// Every recorded taking of a shard, oldest first.
+    async fn shard_history(&self) -> Result<Vec<ShardTaking>> {
+        Err(Error::Backend("this store does not fence by shard".into()))
+    }
 
     /// Records an attempt and moves its delivery on; a delivery purged meanwhile stays gone.
     async fn complete(

@@ -67,7 +67,8 @@ CREATE TABLE IF NOT EXISTS subscriptions (
     consecutive_failures INTEGER NOT NULL DEFAULT 0,
     delivered INTEGER NOT NULL DEFAULT 0,
     failed INTEGER NOT NULL DEFAULT 0,
-    dead_lettered INTEGER NOT NULL DEFAULT 0
+    dead_lettered INTEGER NOT NULL DEFAULT 0,
+    shard INTEGER NOT NULL DEFAULT 0
 );
 CREATE TABLE IF NOT EXISTS events (
     id INTEGER PRIMARY KEY,
@@ -103,6 +104,19 @@ CREATE TABLE IF NOT EXISTS attempt_log (
 );
 CREATE INDEX IF NOT EXISTS attempt_log_delivery ON attempt_log (delivery, id);
 CREATE INDEX IF NOT EXISTS attempt_log_at ON attempt_log (at_ms);
+-- Shards several replicas share: the current lease epoch of each, and every taking.
+CREATE TABLE IF NOT EXISTS shard_owners (
+    shard INTEGER PRIMARY KEY,
+    holder TEXT NOT NULL,
+    epoch INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS shard_history (
+    shard INTEGER NOT NULL,
+    epoch INTEGER NOT NULL,
+    holder TEXT NOT NULL,
+    at_ms INTEGER NOT NULL,
+    PRIMARY KEY (shard, epoch)
+);
 -- One row, rewritten to learn whether the store can commit again after a failure.
 CREATE TABLE IF NOT EXISTS health (id INTEGER PRIMARY KEY, at_ms INTEGER NOT NULL, pad BLOB);
 "#;
@@ -127,6 +141,7 @@ impl SqliteStore {
         )
         .map_err(backend)?;
         conn.execute_batch(SCHEMA).map_err(backend)?;
+        migrate(&conn).map_err(backend)?;
         // Room for every statement herald prepares, so none is parsed twice.
         conn.set_prepared_statement_cache_capacity(128);
         // Plans that do not depend on bound values. Without this SQLite marks statements
@@ -194,6 +209,21 @@ impl SqliteStore {
             .await
             .map_err(|_| Error::Unavailable("the store's writer has stopped".into()))?
     }
+}
+
+/// Brings a store made by an older herald up to [`SCHEMA`].
+fn migrate(conn: &Connection) -> rusqlite::Result<()> {
+    let has_shard: bool = conn.query_row(
+        "SELECT count(*) > 0 FROM pragma_table_info('subscriptions') WHERE name = 'shard'",
+        [],
+        |r| r.get(0),
+    )?;
+    if !has_shard {
+        conn.execute_batch(
+            "ALTER TABLE subscriptions ADD COLUMN shard INTEGER NOT NULL DEFAULT 0",
+        )?;
+    }
+    Ok(())
 }
 
 /// Runs one statement that takes no parameters, prepared once per connection.
@@ -294,17 +324,19 @@ impl Store for SqliteStore {
     async fn upsert_subscription(&self, sub: SubscriptionRecord) -> Result<SubscriptionState> {
         self.run(Durability::Synced, move |conn| {
             conn.execute(
-                "INSERT INTO subscriptions (uid, namespace, name, paused, disable_after)
-                 VALUES (?1, ?2, ?3, ?4, ?5)
+                "INSERT INTO subscriptions (uid, namespace, name, paused, disable_after, shard)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6)
                  ON CONFLICT (uid) DO UPDATE SET paused = excluded.paused,
-                     disable_after = excluded.disable_after, name = excluded.name
+                     disable_after = excluded.disable_after, name = excluded.name,
+                     shard = excluded.shard
                  WHERE subscriptions.live = 1",
                 params![
                     sub.uid,
                     sub.namespace,
                     sub.name,
                     sub.paused,
-                    sub.disable_after
+                    sub.disable_after,
+                    sub.shard
                 ],
             )?;
             Ok(state_of(conn, &sub.uid)?.unwrap_or_default())
@@ -353,7 +385,8 @@ impl Store for SqliteStore {
     async fn live_subscriptions(&self) -> Result<Vec<SubscriptionRecord>> {
         self.run(Durability::Relaxed, |conn| {
             let mut stmt = conn.prepare(
-                "SELECT uid, namespace, name, paused, disable_after FROM subscriptions WHERE live = 1",
+                "SELECT uid, namespace, name, paused, disable_after, shard
+                 FROM subscriptions WHERE live = 1",
             )?;
             stmt.query_map([], |r| {
                 Ok(SubscriptionRecord {
@@ -362,6 +395,7 @@ impl Store for SqliteStore {
                     name: r.get(2)?,
                     paused: r.get(3)?,
                     disable_after: r.get(4)?,
+                    shard: r.get(5)?,
                 })
             })?
             .collect()
@@ -477,34 +511,61 @@ impl Store for SqliteStore {
     async fn claim_next(&self, uid: &str, now_ms: i64) -> Result<Claim> {
         let uid = uid.to_string();
         self.run(Durability::Relaxed, move |conn| {
-            let claimed: Option<(i64, i64, u32, i64)> = conn
-                .prepare_cached(CLAIM)?
-                .query_row(params![uid, now_ms], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))
-                .optional()?;
-            let Some((delivery_id, event, attempt, window_start_ms)) = claimed else {
-                let next_due_ms: Option<Option<i64>> = conn
-                    .prepare_cached(
-                        "SELECT (SELECT min(due_ms) FROM deliveries WHERE sub_uid = ?1 AND state = 0)
-                         FROM subscriptions WHERE uid = ?1 AND live = 1 AND paused = 0 AND disabled = 0",
-                    )?
-                    .query_row([&uid], |r| r.get(0))
-                    .optional()?;
-                return Ok(Claim::Idle { next_due_ms: next_due_ms.flatten() });
-            };
-            let claimed = conn
-                .prepare_cached("SELECT event_id, event_type, body FROM events WHERE id = ?1")?
-                .query_row([event], |r| {
-                    Ok(Claimed {
-                        delivery_id,
-                        subscription_uid: uid.clone(),
-                        event_id: r.get(0)?,
-                        event_type: r.get(1)?,
-                        body: r.get(2)?,
-                        attempt,
-                        window_start_ms,
-                    })
-                })?;
-            Ok(Claim::Claimed(claimed))
+            claim(conn, uid, now_ms, None)
+        })
+        .await
+    }
+
+    async fn claim_fenced(&self, uid: &str, now_ms: i64, fence: ShardFence) -> Result<Claim> {
+        let uid = uid.to_string();
+        self.run(Durability::Relaxed, move |conn| {
+            claim(conn, uid, now_ms, Some(fence))
+        })
+        .await
+    }
+
+    async fn take_shard(&self, shard: u32, holder: &str, epoch: i64, now_ms: i64) -> Result<bool> {
+        let holder = holder.to_string();
+        self.run(Durability::Synced, move |conn| {
+            let taken = conn.execute(
+                "INSERT INTO shard_owners (shard, holder, epoch) VALUES (?1, ?2, ?3)
+                 ON CONFLICT (shard) DO UPDATE SET holder = excluded.holder, epoch = excluded.epoch
+                 WHERE excluded.epoch > shard_owners.epoch",
+                params![shard, holder, epoch],
+            )? == 1;
+            if taken {
+                conn.execute(
+                    "INSERT INTO shard_history (shard, epoch, holder, at_ms) VALUES (?1, ?2, ?3, ?4)",
+                    params![shard, epoch, holder, now_ms],
+                )?;
+                // Attempts the previous holder had on the wire: it may be gone, so they are due
+                // again (at least once). If it was only paused, whichever completion comes
+                // first finishes the delivery.
+                conn.execute(
+                    "UPDATE deliveries SET state = 0, due_ms = min(due_ms, ?2)
+                     WHERE state = 1 AND sub_uid IN (SELECT uid FROM subscriptions WHERE shard = ?1)",
+                    params![shard, now_ms],
+                )?;
+            }
+            Ok(taken)
+        })
+        .await
+    }
+
+    async fn shard_history(&self) -> Result<Vec<ShardTaking>> {
+        self.run(Durability::Relaxed, |conn| {
+            let mut stmt = conn.prepare(
+                "SELECT shard, epoch, holder, at_ms FROM shard_history ORDER BY at_ms, shard, epoch",
+            )?;
+            stmt.query_map([], |r| {
+                Ok(ShardTaking {
+                    shard: r.get(0)?,
+                    epoch: r.get(1)?,
+                    holder: r.get(2)?,
+                    at_ms: r.get(3)?,
+                })
+            })?
+            .collect()
         })
         .await
     }
@@ -723,6 +784,62 @@ const CLAIM: &str = "UPDATE deliveries SET state = 1, attempts = attempts + 1
                    AND paused = 0 AND disabled = 0)
      RETURNING id, event, attempts, window_start_ms";
 
+/// [`CLAIM`], and only while the claimer's lease epoch (?4) is the shard's (?3) current one.
+const CLAIM_FENCED: &str = "UPDATE deliveries SET state = 1, attempts = attempts + 1
+     WHERE id = (SELECT id FROM deliveries
+                 WHERE sub_uid = ?1 AND state = 0 AND due_ms <= ?2
+                 ORDER BY due_ms, id LIMIT 1)
+       AND EXISTS (SELECT 1 FROM subscriptions WHERE uid = ?1 AND live = 1
+                   AND paused = 0 AND disabled = 0 AND shard = ?3)
+       AND EXISTS (SELECT 1 FROM shard_owners WHERE shard = ?3 AND epoch = ?4)
+     RETURNING id, event, attempts, window_start_ms";
+
+/// The claim, fenced by liveness and, with several replicas, by the shard's lease epoch.
+fn claim(
+    conn: &Connection,
+    uid: String,
+    now_ms: i64,
+    fence: Option<ShardFence>,
+) -> rusqlite::Result<Claim> {
+    let row = |r: &rusqlite::Row<'_>| -> rusqlite::Result<(i64, i64, u32, i64)> {
+        Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?))
+    };
+    let claimed = match fence {
+        None => conn
+            .prepare_cached(CLAIM)?
+            .query_row(params![uid, now_ms], row)
+            .optional()?,
+        Some(fence) => conn
+            .prepare_cached(CLAIM_FENCED)?
+            .query_row(params![uid, now_ms, fence.shard, fence.epoch], row)
+            .optional()?,
+    };
+    let Some((delivery_id, event, attempt, window_start_ms)) = claimed else {
+        let next_due_ms: Option<Option<i64>> = conn
+            .prepare_cached(
+                "SELECT (SELECT min(due_ms) FROM deliveries WHERE sub_uid = ?1 AND state = 0)
+                 FROM subscriptions WHERE uid = ?1 AND live = 1 AND paused = 0 AND disabled = 0",
+            )?
+            .query_row([&uid], |r| r.get(0))
+            .optional()?;
+        return Ok(Claim::Idle {
+            next_due_ms: next_due_ms.flatten(),
+        });
+    };
+    conn.prepare_cached("SELECT event_id, event_type, body FROM events WHERE id = ?1")?
+        .query_row([event], |r| {
+            Ok(Claim::Claimed(Claimed {
+                delivery_id,
+                subscription_uid: uid.clone(),
+                event_id: r.get(0)?,
+                event_type: r.get(1)?,
+                body: r.get(2)?,
+                attempt,
+                window_start_ms,
+            }))
+        })
+}
+
 /// Counts an attempt on its subscription and disables it after too many failures in a row.
 const COUNT_ATTEMPT: &str = "UPDATE subscriptions SET
          consecutive_failures = CASE WHEN ?2 THEN 0 ELSE consecutive_failures + 1 END,
@@ -766,6 +883,7 @@ mod tests {
             name: uid.into(),
             paused: false,
             disable_after: 0,
+            shard: 0,
         };
         let uids = ["a", "b"];
         for uid in uids {
@@ -845,6 +963,7 @@ mod tests {
                 name: "n".into(),
                 paused: true,
                 disable_after: 0,
+                shard: 0,
             })
             .await
             .unwrap();

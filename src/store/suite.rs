@@ -11,6 +11,7 @@ fn sub(uid: &str) -> SubscriptionRecord {
         name: format!("name-{uid}"),
         paused: false,
         disable_after: 0,
+        shard: 0,
     }
 }
 
@@ -59,6 +60,7 @@ pub async fn run(store: &dyn Store) {
     in_flight_is_recovered(store).await;
     pause_blocks_claims(store).await;
     prune_keeps_what_is_unfinished(store).await;
+    shard_epochs_fence_claims(store).await;
 }
 
 async fn publish_is_atomic_idempotent_and_fenced(store: &dyn Store) {
@@ -569,4 +571,100 @@ pub async fn check_after_reopen(store: &dyn Store) {
             .unwrap()
             .duplicate
     );
+}
+
+async fn shard_epochs_fence_claims(store: &dyn Store) {
+    let in_shard = |uid: &str, shard| SubscriptionRecord { shard, ..sub(uid) };
+    store.upsert_subscription(in_shard("s1", 3)).await.unwrap();
+    store.upsert_subscription(in_shard("s2", 4)).await.unwrap();
+    for i in 0..3 {
+        store
+            .publish(
+                event(&format!("evt-s{i}"), 100),
+                vec!["s1".into(), "s2".into()],
+            )
+            .await
+            .unwrap();
+    }
+    let at = |shard, epoch| ShardFence { shard, epoch };
+    // Nobody has taken shard 3 yet: no fenced claim succeeds.
+    let refused = store.claim_fenced("s1", 200, at(3, 1)).await.unwrap();
+    assert!(
+        matches!(refused, Claim::Idle { .. }),
+        "claimed an untaken shard"
+    );
+
+    assert!(store.take_shard(3, "replica-a", 1, 200).await.unwrap());
+    let Claim::Claimed(first) = store.claim_fenced("s1", 200, at(3, 1)).await.unwrap() else {
+        panic!("the holder of epoch 1 could not claim");
+    };
+    // The right epoch for another shard than the subscription's is no proof.
+    assert!(store.take_shard(4, "replica-a", 1, 200).await.unwrap());
+    let wrong_shard = store.claim_fenced("s1", 200, at(4, 1)).await.unwrap();
+    assert!(
+        matches!(wrong_shard, Claim::Idle { .. }),
+        "claimed with another shard's epoch"
+    );
+
+    // replica-b takes shard 3 over: the old epoch claims nothing, an older epoch is not
+    // recorded, and the attempt replica-a had on the wire is due again.
+    assert!(store.take_shard(3, "replica-b", 2, 300).await.unwrap());
+    assert!(
+        !store.take_shard(3, "replica-a", 1, 300).await.unwrap(),
+        "an older epoch won"
+    );
+    assert!(
+        !store.take_shard(3, "replica-a", 2, 300).await.unwrap(),
+        "the same epoch twice"
+    );
+    let stale = store.claim_fenced("s1", 300, at(3, 1)).await.unwrap();
+    assert!(matches!(stale, Claim::Idle { .. }), "a stale epoch claimed");
+    let Claim::Claimed(again) = store.claim_fenced("s1", 300, at(3, 2)).await.unwrap() else {
+        panic!("the new holder could not claim");
+    };
+    assert_eq!(
+        again.delivery_id, first.delivery_id,
+        "the in-flight attempt was not recovered"
+    );
+    assert_eq!(again.attempt, 2);
+    // A late completion from the old holder (paused, not dead) is recorded: its attempt did
+    // go out. The new holder's completion then finds the delivery finished.
+    let late = store
+        .complete(
+            first.delivery_id,
+            attempt(310, "Accepted", Some(200)),
+            Next::Delivered,
+        )
+        .await
+        .unwrap();
+    assert!(late.recorded);
+    let after = store
+        .complete(
+            again.delivery_id,
+            attempt(320, "Accepted", Some(200)),
+            Next::Delivered,
+        )
+        .await
+        .unwrap();
+    assert!(!after.recorded, "one delivery finished twice");
+    let Claim::Claimed(_) = store.claim_fenced("s2", 300, at(4, 1)).await.unwrap() else {
+        panic!("shard 4's holder could not claim");
+    };
+
+    let history = store.shard_history().await.unwrap();
+    let takings: Vec<_> = history
+        .iter()
+        .map(|t| (t.shard, t.epoch, t.holder.as_str()))
+        .collect();
+    assert_eq!(
+        takings,
+        [
+            (3, 1, "replica-a"),
+            (4, 1, "replica-a"),
+            (3, 2, "replica-b")
+        ]
+    );
+    for uid in ["s1", "s2"] {
+        store.remove_subscription(uid).await.unwrap();
+    }
 }

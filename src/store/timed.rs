@@ -48,6 +48,19 @@ impl<S: Store> Store for Timed<S> {
     async fn claim_next(&self, uid: &str, now_ms: i64) -> Result<Claim> {
         timed("claim_next", self.0.claim_next(uid, now_ms)).await
     }
+    async fn claim_fenced(&self, uid: &str, now_ms: i64, fence: ShardFence) -> Result<Claim> {
+        timed("claim_next", self.0.claim_fenced(uid, now_ms, fence)).await
+    }
+    async fn take_shard(&self, shard: u32, holder: &str, epoch: i64, now_ms: i64) -> Result<bool> {
+        timed(
+            "take_shard",
+            self.0.take_shard(shard, holder, epoch, now_ms),
+        )
+        .await
+    }
+    async fn shard_history(&self) -> Result<Vec<ShardTaking>> {
+        self.0.shard_history().await
+    }
     async fn complete(
         &self,
         delivery_id: i64,
