@@ -68,6 +68,8 @@ pub struct Facts<'a> {
     pub state: Option<&'a SubscriptionState>,
     pub last_attempt: Option<&'a LastAttempt>,
     pub reenable_handled: Option<&'a str>,
+    /// Its shard, when replicas divide the subscriptions (`--shard-leases`).
+    pub shard: Option<u32>,
 }
 
 /// A Kubernetes Event to record for the object.
@@ -225,7 +227,7 @@ pub fn subscription_status(
     let status = WebhookSubscriptionStatus {
         observed_generation: generation,
         conditions,
-        shard: previous.shard,
+        shard: facts.shard,
         pending_attempts: facts.state.map(|s| s.pending).or(previous.pending_attempts),
         dead_attempts: facts.state.map(|s| s.dead).or(previous.dead_attempts),
         last_attempt: facts.last_attempt.cloned().or(previous.last_attempt),
@@ -338,6 +340,7 @@ mod tests {
                     state: self.state.as_ref(),
                     last_attempt: self.last.as_ref(),
                     reenable_handled: None,
+                    shard: None,
                 },
                 previous,
                 at(now),

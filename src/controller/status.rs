@@ -139,6 +139,15 @@ impl StatusWriter {
         let Some(entry) = self.entry(uid) else {
             return Ok(());
         };
+        // With several replicas, only the one delivering for the shard writes its status;
+        // the others keep it dirty, to write should the shard become theirs.
+        let shard = self.engine.shard_of(uid);
+        if shard.is_some() && !self.engine.holds_shard_of(uid) {
+            if let Some(e) = self.book().entries.get_mut(uid) {
+                e.dirty = true;
+            }
+            return Ok(());
+        }
         // Clear the flag before reading the store, so activity meanwhile marks it again.
         if let Some(e) = self.book().entries.get_mut(uid) {
             e.dirty = false;
@@ -162,6 +171,7 @@ impl StatusWriter {
             state: state.as_ref(),
             last_attempt: entry.last_attempt.as_ref(),
             reenable_handled: entry.reenable_handled.as_deref(),
+            shard,
         };
         let (status, announcements) =
             subscription_status(&facts, entry.written.as_ref(), Timestamp::now());
@@ -321,6 +331,7 @@ impl StatusWriter {
                 .values()
                 .filter(|e| {
                     e.dirty
+                        && self.engine.holds_shard_of(&e.uid)
                         && (e.urgent
                             || e.written_at
                                 .is_none_or(|at| now.duration_since(at) >= self.interval))

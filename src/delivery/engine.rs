@@ -195,6 +195,18 @@ impl Engine {
         let _ = self.ownership.set(ownership);
     }
 
+    /// The subscription's shard, when replicas divide the subscriptions.
+    pub fn shard_of(&self, uid: &str) -> Option<u32> {
+        self.ownership.get().map(|o| o.shard_of(uid))
+    }
+
+    /// Whether this replica may start attempts for the subscription now.
+    pub fn holds_shard_of(&self, uid: &str) -> bool {
+        self.ownership
+            .get()
+            .is_none_or(|o| o.fence(o.shard_of(uid)).is_some())
+    }
+
     /// This replica took `shard` at `epoch` in the store: its lanes may have due work.
     pub fn shard_taken(&self, shard: u32) {
         let Some(ownership) = self.ownership.get() else {
