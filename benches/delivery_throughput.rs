@@ -29,7 +29,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use common::{Report, Target, ms, percentile, thousands};
+use common::{Report, Target, cpu_seconds, ms, percentile, thousands};
 use serde_json::{Value, json};
 use support::herald::{Herald, lanes};
 use support::receiver::Receiver;
@@ -231,7 +231,9 @@ fn main() {
     runtime.block_on(async {
         let receiver = Receiver::start().await;
 
+        let cpu = cpu_seconds("self");
         let bare_before = bare_loop(&receiver, events).await;
+        let bare_cpu = (cpu_seconds("self") - cpu) / events as f64;
 
         // herald, drain only: events stored while paused, then released.
         let herald = Herald::start(&manifests(&receiver, true), &["--egress-allow", "127.0.0.0/8"]);
@@ -243,12 +245,16 @@ fn main() {
         let drain = rate(events, last - started);
 
         // herald, end to end: publish and deliver at once.
+        let herald_pid = herald.pid().expect("herald is running").to_string();
+        let cpu = (cpu_seconds(&herald_pid), cpu_seconds("self"));
         let before = receiver.count();
         let started = Instant::now();
         publish_all(&herald, events, events).await;
         let published = rate(events, started.elapsed());
         let last = last_arrival(&receiver, "the end-to-end deliveries", before + events).await;
         let end_to_end = rate(events, last - started);
+        let herald_cpu = (cpu_seconds(&herald_pid) - cpu.0) / events as f64;
+        let generator_cpu = (cpu_seconds("self") - cpu.1) / events as f64;
         // The reference again after herald's runs: its mean stands for the machine during
         // them, whatever else the machine was doing.
         let bare_after = bare_loop(&receiver, events).await;
@@ -285,6 +291,16 @@ fn main() {
             .add("throughput.end_to_end", &format!("end to end: {n} events published and delivered"), end_to_end, "events/s")
             .reference(&bare_name, bare)
             .target(Target::RatioAtLeast(0.5));
+        // Where the floor is: on a machine whose cores the reference loop already keeps busy,
+        // the end-to-end rate cannot exceed the reference rate × (CPU per reference request)
+        // / (CPU per delivered event, herald's and the load generator's together).
+        let us = |seconds: f64| seconds * 1e6;
+        report
+            .add("cpu.end_to_end.herald", "CPU per event end to end: herald (publish, store, delivery)", us(herald_cpu), "µs")
+            .reference("CPU per request of the bare loop (client and receiver together)", us(bare_cpu));
+        report
+            .add("cpu.end_to_end.generator", "CPU per event end to end: the load generator (32 producers and the receiver)", us(generator_cpu), "µs")
+            .reference("CPU per request of the bare loop (client and receiver together)", us(bare_cpu));
         report
             .add("latency.idle.p50", &format!("latency at idle, publish → arrival p50 ({} events one at a time)", thousands(samples)), ms(p50), "ms")
             .reference("bare POST round trip p50", ms(r50))

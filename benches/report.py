@@ -37,6 +37,8 @@ EXPECTED = {
         "latency.idle.p99",
         "latency.half_load.p50",
         "latency.half_load.p99",
+        "cpu.end_to_end.herald",
+        "cpu.end_to_end.generator",
     ],
     "isolation": [
         f"isolation.held_{held}.{q}" for held in (0, 100, 1000, 10000) for q in ("p50", "p99")

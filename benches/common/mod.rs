@@ -333,6 +333,21 @@ pub fn memory(pid: u32) -> Memory {
     }
 }
 
+/// CPU time (user + system) a process has used so far, in seconds, from /proc/<pid>/stat
+/// ("self" for this process).
+pub fn cpu_seconds(pid: &str) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .unwrap_or_else(|e| panic!("reading /proc/{pid}/stat: {e}"));
+    // Fields after the command name, which is in parentheses and may hold spaces.
+    let fields: Vec<&str> = stat[stat.rfind(')').expect("a stat line") + 2..]
+        .split_whitespace()
+        .collect();
+    let ticks = |i: usize| fields[i].parse::<f64>().expect("a tick count");
+    // utime and stime are fields 14 and 15 of the line (indices 11 and 12 after the name),
+    // in USER_HZ ticks, which the kernel's ABI fixes at 100 per second.
+    (ticks(11) + ticks(12)) / 100.0
+}
+
 /// Writes `events` events of `namespace` straight into the store's tables at `db`
 /// (herald.db, schema already created, no herald process on it), in one transaction; each
 /// `(uid, every)` gets a pending delivery, due now, for every `every`-th event. Publishing a million events through
