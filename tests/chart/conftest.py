@@ -18,6 +18,8 @@ CHART = REPO / "charts" / "herald"
 HERE = Path(__file__).resolve().parent
 SCRIPT = REPO / "scripts" / "control-plane"
 ALL_OPTIONS = HERE / "values-all-options.yaml"
+# Layered over ALL_OPTIONS: several replicas on PostgreSQL, so that together they set every value.
+SCALE_OUT = HERE / "values-scale-out.yaml"
 
 # kube-controller-manager's controllers for these tests: the harness's default set plus
 # the one that lets a deleted PersistentVolumeClaim go (it removes the

@@ -6,7 +6,7 @@ import copy
 import pytest
 import yaml
 
-from conftest import ALL_OPTIONS, REPO, find, render, render_text
+from conftest import ALL_OPTIONS, REPO, SCALE_OUT, find, render, render_text
 
 RESTRICTED = {
     "pod-security.kubernetes.io/enforce": "restricted",
@@ -77,16 +77,28 @@ def pod_of(cp, deployment, namespace="herald-system"):
     }
 
 
-@pytest.mark.parametrize("values", [[], ["-f", ALL_OPTIONS]], ids=["default", "all-options"])
+# The renders checked: defaults, every option on the embedded store, and every option with
+# several replicas on PostgreSQL.
+RENDERS = pytest.mark.parametrize(
+    "values", [[], ["-f", ALL_OPTIONS], ["-f", ALL_OPTIONS, "-f", SCALE_OUT]],
+    ids=["default", "all-options", "all-options-scaled-out"])
+
+
+@RENDERS
 def test_server_accepts_every_rendered_object(cluster, values):
     text = render_text(*values)
     out = dry_run(cluster, text)
     kinds = {o["kind"] for o in yaml.safe_load_all(text) if o}
     assert out.count("(server dry run)") == len([o for o in yaml.safe_load_all(text) if o])
-    assert {"Deployment", "ClusterRole", "Service", "PersistentVolumeClaim"} <= kinds
+    assert {"Deployment", "ClusterRole", "Service"} <= kinds
+    if SCALE_OUT in values:
+        assert {"Role", "RoleBinding", "PodDisruptionBudget"} <= kinds
+        assert "PersistentVolumeClaim" not in kinds
+    else:
+        assert "PersistentVolumeClaim" in kinds
 
 
-@pytest.mark.parametrize("values", [[], ["-f", ALL_OPTIONS]], ids=["default", "all-options"])
+@RENDERS
 def test_herald_pod_passes_the_restricted_standard(cluster, values):
     deployment = find(render(*values), "Deployment")
     out = dry_run(cluster, yaml.safe_dump(pod_of(cluster, deployment)))

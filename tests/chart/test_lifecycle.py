@@ -87,6 +87,48 @@ def test_upgrade_with_changed_values(cp, release):
     assert history[-1]["status"] == "deployed"
 
 
+def test_upgrade_to_several_replicas_on_postgres_and_back(cp, release):
+    """An installed release moves to three replicas sharing PostgreSQL and back to one on the
+    embedded store, on the real API server (the strategy switches both ways; the Lease Role
+    and the budget come and go with it)."""
+    cp.helm("upgrade", "herald", CHART, "--namespace", "herald-system", "--reuse-values",
+            "--set", "replicaCount=3", "--set", "store.postgres.existingSecret=herald-postgres")
+    deployment = cp.get_json("deployment", "herald", "-n", "herald-system")
+    assert deployment["spec"]["replicas"] == 3
+    assert deployment["spec"]["strategy"] == {
+        "type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}}
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    env = {e["name"]: e for e in container["env"]}
+    assert env["HERALD_STORE"]["valueFrom"] == {"secretKeyRef": {"name": "herald-postgres", "key": "url"}}
+    assert env["HERALD_LEASE_NAMESPACE"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.namespace"
+    assert "HERALD_DATA_DIR" not in env
+    assert "podAntiAffinity" in deployment["spec"]["template"]["spec"]["affinity"]
+    assert cp.exists("poddisruptionbudget", "herald", "-n", "herald-system")
+    assert cp.exists("role", "herald-shard-leases", "-n", "herald-system")
+    assert cp.exists("rolebinding", "herald-shard-leases", "-n", "herald-system")
+    # The claim is no longer the chart's (Helm deletes it; the protection controller lets it
+    # go once no pod uses it).
+    wait_until("the claim to be deleted", lambda: not cp.exists("persistentvolumeclaim", "herald-data",
+               "-n", "herald-system") or cp.get_json("persistentvolumeclaim", "herald-data", "-n",
+               "herald-system")["metadata"].get("deletionTimestamp"))
+
+    cp.helm("upgrade", "herald", CHART, "--namespace", "herald-system", "--reuse-values",
+            "--set", "replicaCount=1", "--set", "store.postgres.existingSecret=")
+    deployment = cp.get_json("deployment", "herald", "-n", "herald-system")
+    assert deployment["spec"]["replicas"] == 1
+    assert deployment["spec"]["strategy"] == {"type": "Recreate"}
+    assert "affinity" not in deployment["spec"]["template"]["spec"]
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    assert {e["name"] for e in container["env"]} >= {"HERALD_DATA_DIR"}
+    assert not {"HERALD_STORE", "HERALD_SHARD_LEASES"} & {e["name"] for e in container["env"]}
+    assert not cp.exists("poddisruptionbudget", "herald", "-n", "herald-system")
+    assert not cp.exists("role", "herald-shard-leases", "-n", "herald-system")
+    assert not cp.exists("rolebinding", "herald-shard-leases", "-n", "herald-system")
+    wait_until("the claim again", lambda: cp.exists("persistentvolumeclaim", "herald-data", "-n", "herald-system")
+               and not cp.get_json("persistentvolumeclaim", "herald-data", "-n",
+                                   "herald-system")["metadata"].get("deletionTimestamp"), timeout=120)
+
+
 def test_uninstall_leaves_only_the_crds(cp, release):
     before = release
     cp.helm("uninstall", "herald", "--namespace", "herald-system")

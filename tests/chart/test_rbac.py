@@ -5,6 +5,9 @@
 - Sufficient: herald ($HERALD_BIN) runs outside the cluster with a kubeconfig holding only
   a token of the chart's ServiceAccount and passes the happy path (subscription Ready,
   quota in force, publish, delivery, Events, delete purged), with no "forbidden" in its log.
+- Scaled out (several replicas on PostgreSQL): herald's Lease rights are a Role in its own
+  namespace, nowhere else, and enough for herald with --shard-leases to take, renew and
+  release its shards and leave.
 - Tenant roles: `edit` manages subscriptions and not quotas, `view` reads only, and only a
   binding of herald-publisher lets a producer publish, through herald's own TokenReview and
   SubjectAccessReview, end to end.
@@ -25,7 +28,7 @@ import pytest
 import yaml
 
 from conftest import CHART, REPO, wait_until
-from test_static import HERALD_NEEDS
+from test_static import HERALD_LEASES, HERALD_NEEDS
 
 SA = "system:serviceaccount:herald-system:herald"
 SECRET = "whsec_" + base64.b64encode(bytes(range(24))).decode()
@@ -390,3 +393,81 @@ def test_watch_namespaces_rights_suffice_and_stop_at_those_namespaces(installed,
         assert "forbidden" not in log.lower(), log
     finally:
         narrowed.stop()
+
+
+# ---- scaled out: shard Leases in herald's namespace only ------------------------------------
+
+LEASES = "leases.coordination.k8s.io"
+
+
+def can_i_anywhere(cp, verb, resource, as_user=SA):
+    """Whether `as_user` may `verb` `resource` cluster-wide (in every namespace at once)."""
+    proc = cp.kubectl("auth", "can-i", verb, resource, f"--as={as_user}", "--all-namespaces", check=False)
+    answer = proc.stdout.strip()
+    assert answer in ("yes", "no"), proc.stdout + proc.stderr
+    return answer == "yes"
+
+
+def test_scaled_out_lease_rights_stop_at_herald_namespace(installed, tmp_path, receiver):
+    """With several replicas on PostgreSQL herald may manage Leases in herald-system and in
+    no other namespace, nor cluster-wide, and gains nothing else. Then herald itself, with
+    --shard-leases on the chart's token, takes every shard, delivers, and on stopping
+    releases its shards and deletes its member Lease: the rights suffice."""
+    cp = installed
+    assert not can_i(cp, "create", LEASES, "herald-system"), "Lease rights before scaling out"
+    cp.helm("upgrade", "herald", CHART, "--namespace", "herald-system", "--reuse-values",
+            "--set", "replicaCount=3", "--set", "store.postgres.existingSecret=herald-postgres")
+    verbs = sorted(verb for _, _, verb in HERALD_LEASES)
+    wait_until("the Lease Role", lambda: can_i(cp, "create", LEASES, "herald-system"))
+    refused = []
+    for verb in verbs:
+        if not can_i(cp, verb, LEASES, "herald-system"):
+            refused.append((verb, "herald-system"))
+    assert not refused, f"herald's ServiceAccount may not: {refused}"
+    allowed = []
+    for verb in verbs:
+        for namespace in ("shop", "other", "default", "kube-system", "kube-node-lease"):
+            if can_i(cp, verb, LEASES, namespace):
+                allowed.append((verb, namespace))
+        if can_i_anywhere(cp, verb, LEASES):
+            allowed.append((verb, "all namespaces"))
+    # Only what herald does with its Leases, even in its own namespace.
+    for verb in ("watch", "patch", "deletecollection"):
+        if can_i(cp, verb, LEASES, "herald-system"):
+            allowed.append((verb, "herald-system"))
+    # And nothing else of the list of what it must never do.
+    allowed += [(verb, resource, ns) for verb, resource, ns in DENIED
+                if resource != LEASES and can_i(cp, verb, resource, ns)]
+    assert not allowed, f"herald's ServiceAccount may: {allowed}"
+
+    # herald with the chart's token, sharing by Leases in herald-system as the chart runs it.
+    kubeconfig = cp.token_kubeconfig(tmp_path / "kubeconfig", cp.token("herald-system", "herald"))
+    shards = 4
+    sharing = Herald(herald_binary(), kubeconfig, tmp_path, "--watch-namespace", "shop",
+                     "--shard-leases", "--lease-namespace", "herald-system",
+                     "--shards", str(shards), "--shard-lease-seconds", "3")
+    identity = "herald-chart-test"  # POD_NAME, as in the chart
+
+    def holders():
+        items = cp.get_json("leases", "-n", "herald-system", "-l", "herald.dev/lease=shard")["items"]
+        return {o["metadata"]["name"]: o["spec"].get("holderIdentity") for o in items}
+
+    try:
+        wait_until("herald to hold every shard",
+                   lambda: holders() == {f"herald-shard-{n}": identity for n in range(shards)}, timeout=60)
+        assert cp.exists("lease", f"herald-member-{identity}", "-n", "herald-system")
+        cp.apply(subscription("sharded", receiver.url + "/hooks/sharded"))
+        cp.kubectl("wait", "--for=condition=Ready", "webhooksubscription/sharded", "-n", "shop", "--timeout=60s")
+        token = service_account(cp, "shop", "producer", "herald-publisher")
+        before = len(receiver.received)
+        wait_until("a publish", lambda: sharing.publish(token, "shop", data={"n": 3})[0] == 202, timeout=30)
+        wait_until("the delivery", lambda: any(p == "/hooks/sharded" for p, _, _ in receiver.received[before:]),
+                   timeout=30)
+        cp.kubectl("delete", "webhooksubscription", "sharded", "-n", "shop", "--timeout=60s")
+    finally:
+        sharing.stop()
+    log = sharing.logs()
+    assert "forbidden" not in log.lower(), log
+    # Leaving: its shards released (update) and its member Lease deleted (delete).
+    assert holders() == {f"herald-shard-{n}": None for n in range(shards)}, log
+    assert not cp.exists("lease", f"herald-member-{identity}", "-n", "herald-system"), log

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import ALL_OPTIONS, CHART, HERE, REPO, bin_dir, find, helm, render, run, tool_env
+from conftest import ALL_OPTIONS, CHART, HERE, REPO, SCALE_OUT, bin_dir, find, helm, render, run, tool_env
 
 # What herald calls in the API (src/controller/*.rs), as (apiGroup, resource, verb).
 # The chart must grant exactly this to herald's ServiceAccount.
@@ -35,6 +35,13 @@ CLUSTER_ONLY = {
     ("authentication.k8s.io", "tokenreviews", "create"),
     ("authorization.k8s.io", "subjectaccessreviews", "create"),
 }
+# What replicas sharing PostgreSQL do with their shard and member Leases
+# (src/controller/shard_leases.rs: list by label, get, create, replace, delete), granted in
+# herald's own namespace only. Never watched, never patched.
+HERALD_LEASES = {("coordination.k8s.io", "leases", v) for v in ("get", "list", "create", "update", "delete")}
+# Several replicas on a shared store: the values that make it.
+POSTGRES = ("--set", "store.postgres.existingSecret=herald-postgres")
+SCALED = (*POSTGRES, "--set", "replicaCount=3")
 
 
 def triples(rules):
@@ -58,6 +65,11 @@ def test_lint_strict_with_default_values():
 
 def test_lint_strict_with_every_option_set():
     out = helm("lint", "--strict", CHART, "-f", ALL_OPTIONS).stdout
+    assert "0 chart(s) failed" in out
+
+
+def test_lint_strict_with_every_option_set_and_scaled_out():
+    out = helm("lint", "--strict", CHART, "-f", ALL_OPTIONS, "-f", SCALE_OUT).stdout
     assert "0 chart(s) failed" in out
 
 
@@ -86,7 +98,7 @@ def test_every_value_is_in_the_schema_and_the_schema_is_closed():
             if isinstance(value, dict) and "properties" in child:
                 declared(value, child, f"{path}.{key}")
 
-    for source in (CHART / "values.yaml", ALL_OPTIONS):
+    for source in (CHART / "values.yaml", ALL_OPTIONS, SCALE_OUT):
         declared(yaml.safe_load(source.read_text()), schema, "values")
 
 
@@ -107,11 +119,21 @@ def test_every_value_is_in_the_schema_and_the_schema_is_closed():
          "/ingest/tls/certManager/issuerRef/name"),
         ("ingest:\n  tls:\n    certManager:\n      issuerRef:\n        kind: Cluster\n",
          "/ingest/tls/certManager/issuerRef/kind"),
+        # The store's URL holds a password: only ever from a Secret.
+        ("store:\n  postgres:\n    url: postgres://herald:pw@db:5432/herald\n",
+         "additional properties 'url' not allowed"),
+        ("store:\n  postgres:\n    existingSecret: Not_A_Name\n", "/store/postgres/existingSecret"),
+        ("store:\n  postgres:\n    secretKey: \"\"\n", "/store/postgres/secretKey"),
+        ("replicaCount: 0\n", "/replicaCount"),
+        ("shards: 0\n", "/shards"),
+        ("shards: 5000\n", "/shards"),
+        ("shardLeaseSeconds: 2\n", "/shardLeaseSeconds"),
     ],
     ids=["unknown-top-level-key", "unknown-nested-key", "misspelt-switch", "string-for-integer",
          "string-for-list", "string-for-boolean", "quota-below-floor", "address-not-cidr",
          "unknown-enum", "tls-without-secret-or-cert-manager", "cert-manager-without-issuer",
-         "unknown-issuer-kind"],
+         "unknown-issuer-kind", "postgres-url-in-values", "postgres-secret-not-a-name",
+         "postgres-empty-key", "no-replicas", "no-shards", "too-many-shards", "lease-too-short"],
 )
 def test_schema_refuses_bad_values(tmp_path, values, complaint):
     bad = tmp_path / "bad.yaml"
@@ -121,6 +143,38 @@ def test_schema_refuses_bad_values(tmp_path, values, complaint):
         proc = helm(*command, check=False)
         assert proc.returncode != 0, f"helm {command[0]} accepted {values!r}"
         assert complaint in proc.stdout + proc.stderr, proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize("values", [
+    "replicaCount: 2\n",
+    "replicaCount: 3\nstore:\n  postgres:\n    secretKey: url\n",
+], ids=["two-replicas", "three-replicas-key-without-secret"])
+def test_schema_refuses_several_replicas_on_the_embedded_store(tmp_path, values):
+    """Two pods must never open the same embedded store: more than one replica only with a
+    shared PostgreSQL store. The refusal names both sides, the replica count and the
+    missing Secret."""
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(values)
+    for command in (["lint", "--strict", CHART, "-f", bad], ["template", "herald", CHART, "-f", bad],
+                    ["install", "herald", CHART, "--dry-run=client", "-f", bad]):
+        proc = helm(*command, check=False)
+        assert proc.returncode != 0, f"helm {command[0]} accepted {values!r}"
+        out = proc.stdout + proc.stderr
+        assert "at '/replicaCount': maximum: got" in out, out
+        assert "at '/store/postgres/existingSecret': minLength: got 0, want 1" in out, out
+    # The same values with the store's Secret named are accepted.
+    good = tmp_path / "good.yaml"
+    good.write_text(values + ("store:\n  postgres:\n    existingSecret: herald-postgres\n"
+                              if "store:" not in values else "    existingSecret: herald-postgres\n"))
+    assert find(render("-f", good), "Deployment")["spec"]["replicas"] == yaml.safe_load(values)["replicaCount"]
+
+
+def test_templates_refuse_several_replicas_on_the_embedded_store_without_the_schema():
+    """Where the schema is not checked (--skip-schema-validation), the template refuses too."""
+    proc = helm("template", "herald", CHART, "--skip-schema-validation", "--set", "replicaCount=2",
+                check=False)
+    assert proc.returncode != 0
+    assert "replicaCount (2) > 1 needs store.postgres.existingSecret" in proc.stderr, proc.stderr
 
 
 def test_grace_period_must_exceed_the_shutdown_timeout():
@@ -186,6 +240,13 @@ def test_default_deployment_runs_cluster_mode_safely():
     kinds = {o["kind"] for o in objects}
     assert "ServiceMonitor" not in kinds and "PodDisruptionBudget" not in kinds
     assert "NetworkPolicy" in kinds
+    # One replica on the embedded store: no shared store, no shard Leases, no Role for
+    # them, no spreading over nodes.
+    assert not {"HERALD_STORE", "HERALD_SHARD_LEASES", "HERALD_SHARDS", "HERALD_LEASE_NAMESPACE",
+                "HERALD_SHARD_LEASE_SECONDS"} & set(env)
+    assert "affinity" not in pod
+    assert "Role" not in kinds and "RoleBinding" not in kinds
+    assert "leases" not in yaml.safe_dump_all(objects)
     for o in objects:
         if o["kind"] not in ("ClusterRole", "ClusterRoleBinding"):
             assert o["metadata"]["namespace"] == "herald-system", o["metadata"]
@@ -220,6 +281,30 @@ def test_all_options_reach_the_objects():
     assert certificate["spec"]["secretName"] == "herald-webhooks-ingest-cert"
     assert certificate["spec"]["issuerRef"]["kind"] == "ClusterIssuer"
     assert env["HERALD_TLS_CERT_FILE"].endswith("/tls.crt")
+
+
+def test_all_options_scaled_out_reach_the_objects():
+    """values-scale-out.yaml over values-all-options.yaml: the scale-out values reach herald,
+    and the set affinity wins over the default anti-affinity."""
+    objects = render("-f", ALL_OPTIONS, "-f", SCALE_OUT)
+    deployment = find(objects, "Deployment", "herald-webhooks")
+    assert deployment["spec"]["replicas"] == 3
+    pod = deployment["spec"]["template"]["spec"]
+    env = env_of(pod["containers"][0])
+    assert env["HERALD_STORE"] == {"secretKeyRef": {"name": "herald-postgres", "key": "database-url"}}
+    assert env["HERALD_SHARDS"] == "32"
+    assert env["HERALD_SHARD_LEASE_SECONDS"] == "20"
+    # The store's URL is the only Secret passed as an environment variable (checkov.yaml
+    # skips CKV_K8S_35 for it alone).
+    assert [name for name, value in env.items() if isinstance(value, dict) and "secretKeyRef" in value] == \
+        ["HERALD_STORE"]
+    assert pod["affinity"] == yaml.safe_load(ALL_OPTIONS.read_text())["affinity"]
+    assert "PersistentVolumeClaim" not in {o["kind"] for o in objects}
+    role = find(objects, "Role", "herald-webhooks-shard-leases")
+    assert role["metadata"]["namespace"] == "herald-system"
+    binding = find(objects, "RoleBinding", "herald-webhooks-shard-leases")
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "herald-operator",
+                                    "namespace": "herald-system"}]
 
 
 def test_large_numbers_reach_herald_as_integers(tmp_path):
@@ -272,6 +357,135 @@ def test_watch_namespaces_narrow_herald_to_roles_in_those_namespaces():
     cluster, namespaced = operator_grants(objects)
     assert cluster == CLUSTER_ONLY
     assert namespaced == {"team-a": HERALD_NEEDS - CLUSTER_ONLY, "team-b": HERALD_NEEDS - CLUSTER_ONLY}
+
+
+# ---- scale-out: several replicas sharing PostgreSQL --------------------------------------
+
+def test_scaled_out_replicas_share_postgres_and_roll_one_at_a_time():
+    objects = render(*SCALED)
+    deployment = find(objects, "Deployment", "herald")
+    spec = deployment["spec"]
+    assert spec["replicas"] == 3
+    # A new pod starts before an old one stops (shards move as the old one lets them go);
+    # never fewer ready replicas than asked for.
+    assert spec["strategy"] == {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}}
+    pod = spec["template"]["spec"]
+    (container,) = pod["containers"]
+    env = env_of(container)
+    # The URL comes from the Secret, never from a value.
+    assert env["HERALD_STORE"] == {"secretKeyRef": {"name": "herald-postgres", "key": "url"}}
+    assert env["HERALD_SHARD_LEASES"] == "true"
+    assert env["HERALD_SHARDS"] == "16"
+    assert env["HERALD_SHARD_LEASE_SECONDS"] == "15"
+    # The Leases go in herald's own namespace, whatever it is.
+    assert env["HERALD_LEASE_NAMESPACE"] == {"fieldRef": {"fieldPath": "metadata.namespace"}}
+    # Each replica's identity is its pod's name (HERALD_REPLICA_ID's default).
+    assert env["POD_NAME"] == {"fieldRef": {"fieldPath": "metadata.name"}}
+    assert "HERALD_REPLICA_ID" not in env
+    # No embedded store: no claim, no data volume, no data directory.
+    assert "HERALD_DATA_DIR" not in env
+    assert "PersistentVolumeClaim" not in {o["kind"] for o in objects}
+    assert not [v for v in pod["volumes"] if "persistentVolumeClaim" in v]
+    assert "/var/lib/herald" not in {m["mountPath"] for m in container["volumeMounts"]}
+    # The read-only root filesystem stays, with its writable /tmp.
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    assert "/tmp" in {m["mountPath"] for m in container["volumeMounts"]}
+
+
+@pytest.mark.parametrize("release,namespace", [("herald", "herald-system"), ("hooks", "platform")])
+def test_scaled_out_replicas_spread_over_nodes(release, namespace):
+    objects = render(*SCALED, release=release, namespace=namespace)
+    deployment = find(objects, "Deployment")
+    pod = deployment["spec"]["template"]["spec"]
+    (term,) = pod["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
+    assert term["podAffinityTerm"]["topologyKey"] == "kubernetes.io/hostname"
+    # Exactly this release's pods.
+    assert term["podAffinityTerm"]["labelSelector"] == {"matchLabels": deployment["spec"]["selector"]["matchLabels"]}
+    assert deployment["spec"]["selector"]["matchLabels"]["app.kubernetes.io/instance"] == release
+    assert "requiredDuringSchedulingIgnoredDuringExecution" not in pod["affinity"]["podAntiAffinity"]
+    assert set(pod["affinity"]) == {"podAntiAffinity"}
+
+
+def test_affinity_value_replaces_the_default_anti_affinity():
+    mine = {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
+        {"topologyKey": "topology.kubernetes.io/zone",
+         "labelSelector": {"matchLabels": {"app.kubernetes.io/name": "herald"}}}]}}
+    pod = find(render(*SCALED, "--set-json", f"affinity={json.dumps(mine)}"),
+               "Deployment")["spec"]["template"]["spec"]
+    assert pod["affinity"] == mine
+
+
+def test_scaled_out_drain_keeps_the_shards_owned():
+    """With several replicas a PodDisruptionBudget is there without asking: a drain
+    evicts one replica at a time, the others take over its shards."""
+    objects = render(*SCALED)
+    deployment = find(objects, "Deployment", "herald")
+    pdb = find(objects, "PodDisruptionBudget", "herald")
+    assert pdb["metadata"]["namespace"] == "herald-system"
+    assert pdb["spec"]["maxUnavailable"] == 1
+    assert "minAvailable" not in pdb["spec"]
+    assert pdb["spec"]["selector"] == {"matchLabels": deployment["spec"]["selector"]["matchLabels"]}
+    # Explicitly off does not remove it with several replicas (it never blocks a drain).
+    assert find(render(*SCALED, "--set", "podDisruptionBudget.enabled=false"), "PodDisruptionBudget")
+    # A percentage passes through.
+    pdb = find(render(*SCALED, "--set", "podDisruptionBudget.maxUnavailable=34%"), "PodDisruptionBudget")
+    assert pdb["spec"]["maxUnavailable"] == "34%"
+
+
+def test_budget_that_lets_every_replica_go_is_refused():
+    proc = helm("template", "herald", CHART, *SCALED, "--set", "podDisruptionBudget.maxUnavailable=3",
+                check=False)
+    assert proc.returncode != 0
+    assert "podDisruptionBudget.maxUnavailable (3) must be below replicaCount (3)" in proc.stderr, proc.stderr
+
+
+def test_one_replica_keeps_its_budget_behaviour():
+    """One replica: no budget unless enabled, as before scale-out; on PostgreSQL too."""
+    for args in ((), POSTGRES):
+        assert "PodDisruptionBudget" not in {o["kind"] for o in render(*args)}, args
+        pdb = find(render(*args, "--set", "podDisruptionBudget.enabled=true"), "PodDisruptionBudget")
+        assert pdb["spec"]["maxUnavailable"] == 1
+
+
+def test_scaled_out_lease_rights_are_a_role_in_herald_namespace_only():
+    for namespace in ("herald-system", "platform"):
+        objects = render(*SCALED, namespace=namespace)
+        cluster, namespaced = operator_grants(objects, namespace=namespace)
+        assert cluster == HERALD_NEEDS
+        assert namespaced == {namespace: HERALD_LEASES}
+        role = find(objects, "Role", "herald-shard-leases")
+        assert role["metadata"]["namespace"] == namespace
+        for o in objects:
+            if o["kind"] == "ClusterRole":
+                assert "leases" not in json.dumps(o["rules"]), o["metadata"]["name"]
+    # With watchNamespaces, the Lease Role stays in herald's namespace, apart from the
+    # Roles of the watched namespaces.
+    cluster, namespaced = operator_grants(render(*SCALED, "--set", "watchNamespaces={team-a}"))
+    assert cluster == CLUSTER_ONLY
+    assert namespaced == {"team-a": HERALD_NEEDS - CLUSTER_ONLY, "herald-system": HERALD_LEASES}
+    # One replica on PostgreSQL still shares by Leases (it may be scaled): same Role.
+    assert operator_grants(render(*POSTGRES))[1] == {"herald-system": HERALD_LEASES}
+    # No RBAC at all when the chart makes none.
+    assert not [o for o in render(*SCALED, "--set", "rbac.create=false") if o["kind"] in ("Role", "RoleBinding")]
+
+
+def test_one_replica_on_postgres_rolls_and_shares_by_leases():
+    objects = render(*POSTGRES)
+    spec = find(objects, "Deployment", "herald")["spec"]
+    assert spec["replicas"] == 1
+    assert spec["strategy"]["type"] == "RollingUpdate"
+    env = env_of(spec["template"]["spec"]["containers"][0])
+    assert env["HERALD_SHARD_LEASES"] == "true" and "HERALD_STORE" in env
+    assert "PersistentVolumeClaim" not in {o["kind"] for o in objects}
+
+
+def test_notes_say_who_holds_the_shards():
+    out = helm("install", "herald", CHART, "--namespace", "herald-system", "--dry-run=client", *SCALED).stdout
+    notes = out[out.index("NOTES:"):]
+    assert "3 replicas share the PostgreSQL store whose URL is in Secret herald-postgres" in notes
+    assert "kubectl get leases -n herald-system -l herald.dev/lease=shard" in notes
+    out = helm("install", "herald", CHART, "--namespace", "herald-system", "--dry-run=client").stdout
+    assert "leases" not in out[out.index("NOTES:"):]
 
 
 def test_tenant_roles_aggregate_into_edit_and_view_and_never_write_quotas():
@@ -498,6 +712,10 @@ def rendered(tmp_path_factory):
     (folder / "default.yaml").write_text(helm("template", "herald", CHART, "-n", "herald-system").stdout)
     (folder / "all-options.yaml").write_text(
         helm("template", "herald", CHART, "-n", "herald-system", "-f", ALL_OPTIONS).stdout)
+    (folder / "scaled-out.yaml").write_text(
+        helm("template", "herald", CHART, "-n", "herald-system", *SCALED).stdout)
+    (folder / "all-options-scaled-out.yaml").write_text(
+        helm("template", "herald", CHART, "-n", "herald-system", "-f", ALL_OPTIONS, "-f", SCALE_OUT).stdout)
     (folder / "config.yaml").write_text(
         run([bin_dir() / "kubectl", "kustomize", REPO / "config" / "default"], env=tool_env()).stdout)
     return folder

@@ -50,6 +50,11 @@ app.kubernetes.io/part-of: herald
 {{- end -}}
 {{- end -}}
 
+{{/* Non-empty when herald's store is a shared PostgreSQL (store.postgres). */}}
+{{- define "herald.postgres" -}}
+{{- if .Values.store.postgres.existingSecret -}}true{{- end -}}
+{{- end -}}
+
 {{- define "herald.claimName" -}}
 {{- default (printf "%s-data" (include "herald.fullname" .)) .Values.store.existingClaim -}}
 {{- end -}}
@@ -95,6 +100,17 @@ each listed one through a Role). Kept in one place so that both grant the same.
 - apiGroups: ["authorization.k8s.io"]
   resources: ["subjectaccessreviews"]
   verbs: ["create"]
+{{- end -}}
+
+{{/*
+What replicas sharing PostgreSQL do with their Leases (src/controller/shard_leases.rs), in
+herald's own namespace only: list them by label, get, create and replace (update) one,
+delete a member Lease when leaving.
+*/}}
+{{- define "herald.leaseRules" -}}
+- apiGroups: ["coordination.k8s.io"]
+  resources: ["leases"]
+  verbs: ["get", "list", "create", "update", "delete"]
 {{- end -}}
 
 {{/* The Secret holding the ingest API's certificate and key (ingest.tls). */}}
