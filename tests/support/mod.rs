@@ -4,6 +4,7 @@
 pub mod control_plane;
 pub mod herald;
 pub mod operator;
+pub mod postgres;
 pub mod receiver;
 pub mod tls;
 
