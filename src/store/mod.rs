@@ -1,8 +1,9 @@
 //! The store: events, one delivery per (event, subscription), attempt history, and the
 //! subscription rows that fence every attempt. Pending work lives here, not in memory.
 //!
-//! Backends implement [`Store`]; the embedded SQLite backend ([`sqlite`]) is the default.
-//! Every backend runs the same test suite ([`suite`]).
+//! Backends implement [`Store`]; the embedded SQLite backend ([`sqlite`]) is the default,
+//! PostgreSQL ([`postgres`]) is for several replicas sharing one database. Every backend runs
+//! the same test suite ([`suite`]).
 //!
 //! The B1 fence: [`Store::claim_next`] marks a delivery in flight only if its subscription
 //! row is live, enabled and unpaused, in the same transaction. [`Store::remove_subscription`]
@@ -11,9 +12,14 @@
 //! not from a lane that still has it in memory, not from a retry timer, not after a restart,
 //! and not from a stale cache that upserts it again.
 
+pub mod postgres;
 pub mod sqlite;
 #[cfg(test)]
 pub(crate) mod suite;
+/// A real PostgreSQL server per test (`scripts/postgres`), shared with the integration tests.
+#[cfg(test)]
+#[path = "../../tests/support/postgres.rs"]
+pub(crate) mod test_postgres;
 pub mod timed;
 
 use async_trait::async_trait;

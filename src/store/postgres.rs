@@ -1,0 +1,832 @@
+//! The PostgreSQL store, for several replicas sharing one database (`--store
+//! postgres://…`). Same tables and the same semantics as the embedded store
+//! ([`super::sqlite`]); the shared suite ([`super::suite`]) runs against both.
+//!
+//! **Transactions and locks.** Most operations are one statement (a data-modifying `WITH`
+//! query), so each is one round trip and its own transaction. The server runs them in READ
+//! COMMITTED; what makes them safe together is a fixed lock order: first the subscription
+//! row, then delivery rows.
+//!
+//! - The B1 fence. [`Store::claim_next`] locks the subscription row `FOR SHARE` while it is
+//!   live, enabled and unpaused, and only then, in the same statement, picks and marks the
+//!   next due delivery (`FOR UPDATE SKIP LOCKED`, so two claimers, on one replica or
+//!   several, never get the same delivery). [`Store::remove_subscription`] tombstones the row
+//!   (an update, which waits for every claim holding it `FOR SHARE` and makes every later
+//!   claim wait for it, then see the tombstone) and then, in the same transaction, deletes
+//!   the unfinished deliveries, so it also purges what a claim just before it marked in
+//!   flight. Publish and replay hold the row `FOR SHARE` too, so no delivery for a removed
+//!   subscription is created or revived after its purge.
+//! - [`Store::complete`] locks the subscription row before the delivery row (to count), in
+//!   the order everything else does, so a completion and a removal never deadlock.
+//!
+//! **Durability**, as in the embedded store: commits that acknowledge an event or change a
+//! subscription (publish, replay, upsert, remove, enable/disable, the readiness write) run
+//! on connections with `synchronous_commit` on (herald turns it on if the server's default
+//! is off), so an answer means the commit is on disk. Claims, attempt results and pruning
+//! run on a second pool with `synchronous_commit = off`: the server may lose the last of
+//! them in a crash, which at worst repeats an attempt; it never reorders them, so a synced
+//! commit also makes every earlier one durable.
+//!
+//! **Outages.** Every failure to reach the server, and every server error that says it
+//! cannot take work now (shutting down, out of disk or connections, a read-only standby,
+//! a deadlock or serialization failure), is [`Error::Unavailable`]; each operation gives up
+//! after a deadline instead of hanging on a server that does not answer. The pools drop
+//! broken connections and open new ones by themselves once the server is back.
+//!
+//! **Migrations** are embedded ([`MIGRATIONS`]) and applied at connect under sqlx's
+//! migration lock (`pg_advisory_lock`, taken before the migrations table is even created),
+//! on a connection of their own that is closed afterwards, so replicas starting at once
+//! apply each migration exactly once and a failed run never leaves the lock held.
+
+use std::borrow::Cow;
+use std::collections::HashSet;
+use std::str::FromStr;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use futures::future::BoxFuture;
+use sqlx_core::connection::{ConnectOptions, Connection};
+use sqlx_core::error::BoxDynError;
+use sqlx_core::executor::Executor;
+use sqlx_core::migrate::{Migration, MigrationSource, MigrationType, Migrator};
+use sqlx_core::query::query;
+use sqlx_core::query_scalar::query_scalar;
+use sqlx_core::row::Row;
+use sqlx_postgres::{PgConnectOptions, PgConnection, PgPool, PgPoolOptions, PgRow};
+
+use super::*;
+
+/// The schema, one migration a file: (version, description, SQL). Never edit one that has
+/// been released; add the next.
+const MIGRATIONS: &[(i64, &str, &str)] = &[(1, "schema", include_str!("postgres/0001_schema.sql"))];
+
+/// Connections per pool (two pools per process, see the module documentation). Three
+/// replicas use at most 3 × 2 × 10 = 60 of PostgreSQL's default 100.
+const POOL_SIZE: u32 = 10;
+/// How long an operation waits for a free connection (or for the server to accept one)
+/// before it is answered `Unavailable`.
+const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long one operation may take in all, so that a server that stopped answering (a
+/// network partition, a frozen process) makes herald unready instead of stuck.
+const OP_TIMEOUT: Duration = Duration::from_secs(30);
+/// The same for operations that may touch very many rows (a purge, pruning, recovery).
+const BULK_TIMEOUT: Duration = Duration::from_secs(600);
+/// The readiness probe's write.
+const HEALTH_TIMEOUT: Duration = Duration::from_secs(5);
+
+pub struct PostgresStore {
+    /// `synchronous_commit` on: for whatever acknowledges an event or changes a subscription.
+    synced: PgPool,
+    /// `synchronous_commit = off`: claims, attempt results, pruning, and reads.
+    relaxed: PgPool,
+}
+
+/// The migrations, for sqlx's migrator.
+#[derive(Debug)]
+struct Embedded;
+
+impl MigrationSource<'static> for Embedded {
+    fn resolve(self) -> BoxFuture<'static, Result<Vec<Migration>, BoxDynError>> {
+        Box::pin(async {
+            Ok(MIGRATIONS
+                .iter()
+                .map(|&(version, description, sql)| {
+                    Migration::new(
+                        version,
+                        Cow::Borrowed(description),
+                        MigrationType::Simple,
+                        Cow::Borrowed(sql),
+                        false,
+                    )
+                })
+                .collect())
+        })
+    }
+}
+
+/// SQLSTATE codes that mean "not now" rather than "wrong": the caller may try again.
+fn transient_code(code: &str) -> bool {
+    code.starts_with("08") // connection exception
+        || code.starts_with("53") // insufficient resources: disk full, out of memory, too many connections
+        || code.starts_with("57P") // admin or crash shutdown, cannot connect now
+        || code.starts_with("58") // system error (I/O)
+        || code == "57014" // query canceled (statement_timeout)
+        || code == "25006" // read-only transaction: a standby (during a failover)
+        || code == "40001" // serialization failure
+        || code == "40P01" // deadlock detected
+        || code == "55P03" // lock not available
+}
+
+fn classify(e: sqlx_core::Error) -> Error {
+    use sqlx_core::Error as E;
+    let unavailable = match &e {
+        E::Io(_)
+        | E::Tls(_)
+        | E::Protocol(_)
+        | E::PoolTimedOut
+        | E::PoolClosed
+        | E::WorkerCrashed => true,
+        E::Database(db) => db.code().is_some_and(|c| transient_code(&c)),
+        _ => false,
+    };
+    if unavailable {
+        Error::Unavailable(format!("PostgreSQL: {e}"))
+    } else {
+        Error::Backend(format!("PostgreSQL: {e}"))
+    }
+}
+
+/// Runs one operation with a deadline; every error becomes the store's.
+async fn within<T>(
+    deadline: Duration,
+    work: impl std::future::Future<Output = Result<T, sqlx_core::Error>>,
+) -> Result<T> {
+    match tokio::time::timeout(deadline, work).await {
+        Ok(result) => result.map_err(classify),
+        Err(_) => Err(Error::Unavailable(format!(
+            "PostgreSQL did not answer within {}s",
+            deadline.as_secs()
+        ))),
+    }
+}
+
+/// The URL with its password (in the user part or a `password` parameter) replaced, for
+/// logs and messages.
+pub fn redact_url(url: &str) -> String {
+    let Ok(mut parsed) = url::Url::parse(url) else {
+        return "<a URL that does not parse>".into();
+    };
+    if parsed.password().is_some() {
+        let _ = parsed.set_password(Some("REDACTED"));
+    }
+    if parsed.query().is_some() {
+        let pairs: Vec<(String, String)> = parsed
+            .query_pairs()
+            .map(|(k, v)| {
+                let v = if k == "password" {
+                    "REDACTED".into()
+                } else {
+                    v.into_owned()
+                };
+                (k.into_owned(), v)
+            })
+            .collect();
+        parsed.query_pairs_mut().clear().extend_pairs(pairs);
+    }
+    parsed.to_string()
+}
+
+fn count(row: &PgRow, index: usize) -> Result<u64, sqlx_core::Error> {
+    Ok(row.try_get::<i64, _>(index)?.max(0) as u64)
+}
+
+fn attempt_row(row: &PgRow, from: usize) -> Result<AttemptRecord, sqlx_core::Error> {
+    Ok(AttemptRecord {
+        at_ms: row.try_get(from)?,
+        outcome: row.try_get(from + 1)?,
+        status_code: row
+            .try_get::<Option<i32>, _>(from + 2)?
+            .map(|c| c.clamp(0, u16::MAX.into()) as u16),
+        latency_ms: row.try_get::<i64, _>(from + 3)?.max(0) as u64,
+        message: row.try_get(from + 4)?,
+    })
+}
+
+const STATE_OF: &str = "
+    SELECT live, disabled, consecutive_failures, delivered, failed, dead_lettered,
+           (SELECT count(*) FROM deliveries WHERE sub_uid = $1 AND state IN (0, 1)),
+           (SELECT count(*) FROM deliveries WHERE sub_uid = $1 AND state = 3)
+    FROM subscriptions WHERE uid = $1";
+
+fn state_row(row: &PgRow) -> Result<SubscriptionState, sqlx_core::Error> {
+    Ok(SubscriptionState {
+        live: row.try_get(0)?,
+        disabled: row.try_get(1)?,
+        consecutive_failures: row.try_get::<i32, _>(2)?.max(0) as u32,
+        delivered: count(row, 3)?,
+        failed: count(row, 4)?,
+        dead_lettered: count(row, 5)?,
+        pending: count(row, 6)?,
+        dead: count(row, 7)?,
+    })
+}
+
+impl PostgresStore {
+    /// Connects to `url` (`postgres://user:password@host:port/database?sslmode=…`, as
+    /// libpq takes it, with the `PG*` environment variables for what it leaves out) and
+    /// applies the migrations the database lacks. Fails when the server cannot be reached
+    /// now; afterwards the pools reconnect by themselves.
+    pub async fn connect(url: &str) -> Result<Self> {
+        let mut options = PgConnectOptions::from_str(url)
+            .map_err(|e| Error::Backend(format!("the PostgreSQL URL: {e}")))?
+            // Statements carry no values (those are bound), but every one of them at debug
+            // level drowns herald's own logs.
+            .log_statements(log::LevelFilter::Trace);
+        if options.get_application_name().is_none() {
+            options = options.application_name("herald");
+        }
+
+        let mut conn = within(OP_TIMEOUT, PgConnection::connect_with(&options)).await?;
+        let migrator = Migrator::new(Embedded)
+            .await
+            .map_err(|e| Error::Backend(format!("loading the migrations: {e}")))?;
+        let migrated = tokio::time::timeout(BULK_TIMEOUT, migrator.run_direct(&mut conn)).await;
+        // Closing the session also releases the migration lock if the run failed midway.
+        let _ = conn.close().await;
+        match migrated {
+            Ok(Ok(())) => {}
+            Ok(Err(sqlx_core::migrate::MigrateError::Execute(e))) => return Err(classify(e)),
+            Ok(Err(e)) => return Err(Error::Backend(format!("migrating the schema: {e}"))),
+            Err(_) => {
+                return Err(Error::Unavailable(
+                    "migrating the schema took too long".into(),
+                ));
+            }
+        }
+
+        let pool = || {
+            PgPoolOptions::new()
+                .max_connections(POOL_SIZE)
+                .min_connections(0)
+                .acquire_timeout(ACQUIRE_TIMEOUT)
+                // sqlx tests each connection when it is given back (and drops a broken one);
+                // testing it again before every use would double the round trips.
+                .test_before_acquire(false)
+        };
+        let synced = pool()
+            .after_connect(|conn, _| {
+                Box::pin(async move {
+                    // A server (or role) whose default is off must not make herald
+                    // acknowledge what is not on disk; `local`, `remote_write` and
+                    // `remote_apply` are at least as strong as `on`, and are kept.
+                    let setting: String =
+                        query_scalar("SELECT current_setting('synchronous_commit')")
+                            .fetch_one(&mut *conn)
+                            .await?;
+                    if setting == "off" {
+                        conn.execute("SET synchronous_commit = on").await?;
+                    }
+                    Ok(())
+                })
+            })
+            .connect_lazy_with(options.clone());
+        let relaxed = pool().connect_lazy_with(options.options([("synchronous_commit", "off")]));
+        Ok(Self { synced, relaxed })
+    }
+
+    /// Closes both pools (their connections end at once).
+    pub async fn close(&self) {
+        self.synced.close().await;
+        self.relaxed.close().await;
+    }
+}
+
+#[async_trait]
+impl Store for PostgresStore {
+    async fn upsert_subscription(&self, sub: SubscriptionRecord) -> Result<SubscriptionState> {
+        within(OP_TIMEOUT, async {
+            query(
+                "INSERT INTO subscriptions (uid, namespace, name, paused, disable_after)
+                 VALUES ($1, $2, $3, $4, $5)
+                 ON CONFLICT (uid) DO UPDATE SET paused = excluded.paused,
+                     disable_after = excluded.disable_after, name = excluded.name
+                 WHERE subscriptions.live",
+            )
+            .bind(&sub.uid)
+            .bind(&sub.namespace)
+            .bind(&sub.name)
+            .bind(sub.paused)
+            .bind(sub.disable_after.min(i32::MAX as u32) as i32)
+            .execute(&self.synced)
+            .await?;
+            let row = query(STATE_OF)
+                .bind(&sub.uid)
+                .fetch_optional(&self.synced)
+                .await?;
+            row.map(|r| state_row(&r))
+                .transpose()
+                .map(Option::unwrap_or_default)
+        })
+        .await
+    }
+
+    async fn remove_subscription(&self, uid: &str) -> Result<u64> {
+        within(BULK_TIMEOUT, async {
+            let mut tx = self.synced.begin().await?;
+            // The tombstone first: it waits for every claim and publish holding the row, and
+            // holds off every later one until the commit (after which they see it).
+            query(
+                "INSERT INTO subscriptions (uid, namespace, name, live) VALUES ($1, '', '', false)
+                 ON CONFLICT (uid) DO UPDATE SET live = false",
+            )
+            .bind(uid)
+            .execute(&mut *tx)
+            .await?;
+            // A statement of its own, so that it sees what those claims and publishes
+            // committed while the tombstone waited for them.
+            let purged = query("DELETE FROM deliveries WHERE sub_uid = $1 AND state IN (0, 1)")
+                .bind(uid)
+                .execute(&mut *tx)
+                .await?
+                .rows_affected();
+            tx.commit().await?;
+            Ok(purged)
+        })
+        .await
+    }
+
+    async fn set_disabled(&self, uid: &str, disabled: bool) -> Result<SubscriptionState> {
+        within(OP_TIMEOUT, async {
+            query(
+                "UPDATE subscriptions SET disabled = $2,
+                     consecutive_failures = CASE WHEN $2 THEN consecutive_failures ELSE 0 END
+                 WHERE uid = $1 AND live",
+            )
+            .bind(uid)
+            .bind(disabled)
+            .execute(&self.synced)
+            .await?;
+            let row = query(STATE_OF)
+                .bind(uid)
+                .fetch_optional(&self.synced)
+                .await?;
+            row.map(|r| state_row(&r))
+                .transpose()
+                .map(Option::unwrap_or_default)
+        })
+        .await
+    }
+
+    async fn subscription_state(&self, uid: &str) -> Result<Option<SubscriptionState>> {
+        within(OP_TIMEOUT, async {
+            let row = query(STATE_OF)
+                .bind(uid)
+                .fetch_optional(&self.relaxed)
+                .await?;
+            row.map(|r| state_row(&r)).transpose()
+        })
+        .await
+    }
+
+    async fn live_subscriptions(&self) -> Result<Vec<SubscriptionRecord>> {
+        within(BULK_TIMEOUT, async {
+            let rows = query(
+                "SELECT uid, namespace, name, paused, disable_after FROM subscriptions
+                 WHERE live ORDER BY uid",
+            )
+            .fetch_all(&self.relaxed)
+            .await?;
+            rows.iter()
+                .map(|r| {
+                    Ok(SubscriptionRecord {
+                        uid: r.try_get(0)?,
+                        namespace: r.try_get(1)?,
+                        name: r.try_get(2)?,
+                        paused: r.try_get(3)?,
+                        disable_after: r.try_get::<i32, _>(4)?.max(0) as u32,
+                    })
+                })
+                .collect()
+        })
+        .await
+    }
+
+    async fn publish(&self, event: NewEvent, targets: Vec<String>) -> Result<PublishResult> {
+        // Each target once, in the caller's order.
+        let mut seen = HashSet::new();
+        let targets: Vec<String> = targets
+            .into_iter()
+            .filter(|t| seen.insert(t.clone()))
+            .collect();
+        within(OP_TIMEOUT, async {
+            // A repeated id normally answers at the first look. When the first publish of
+            // it was pruned between the insert that conflicted and that look, try again.
+            for _ in 0..3 {
+                // One statement, so one transaction: the live targets (held FOR SHARE, so
+                // that a removal waits for this commit and then purges what it created), the
+                // event (nothing if the id exists: ON CONFLICT waits for a concurrent publish
+                // of the same id to finish), and a pending delivery per live target. An
+                // event that matches nothing keeps its id (a repeat stays idempotent) but not
+                // its body: nothing will ever send it.
+                let row = query(
+                    "WITH live AS MATERIALIZED (
+                         SELECT uid FROM subscriptions
+                         WHERE uid = ANY($6) AND live AND namespace = $1
+                         FOR SHARE
+                     ), ev AS (
+                         INSERT INTO events (namespace, event_id, event_type, body, published_ms, matched)
+                         SELECT $1, $2, $3, CASE WHEN count(*) = 0 THEN ''::bytea ELSE $4 END, $5, count(*)
+                         FROM live
+                         ON CONFLICT (namespace, event_id) DO NOTHING
+                         RETURNING id
+                     ), made AS (
+                         INSERT INTO deliveries (event, sub_uid, state, due_ms, window_start_ms)
+                         SELECT ev.id, live.uid, 0, $5, $5 FROM ev, live
+                         RETURNING sub_uid
+                     )
+                     SELECT EXISTS (SELECT 1 FROM ev), coalesce(array_agg(sub_uid), ARRAY[]::text[])
+                     FROM made",
+                )
+                .bind(&event.namespace)
+                .bind(&event.event_id)
+                .bind(&event.event_type)
+                .bind(&event.body)
+                .bind(event.published_ms)
+                .bind(&targets)
+                .fetch_one(&self.synced)
+                .await?;
+                if row.try_get::<bool, _>(0)? {
+                    let made: HashSet<String> =
+                        row.try_get::<Vec<String>, _>(1)?.into_iter().collect();
+                    let live: Vec<String> = targets
+                        .iter()
+                        .filter(|t| made.contains(*t))
+                        .cloned()
+                        .collect();
+                    return Ok(PublishResult {
+                        event_id: event.event_id.clone(),
+                        matched: live.len() as u32,
+                        duplicate: false,
+                        targets: live,
+                    });
+                }
+                if let Some(first) = first_answer(&self.synced, &event.namespace, &event.event_id).await? {
+                    return Ok(first);
+                }
+            }
+            Err(sqlx_core::Error::Protocol(
+                "publish: the event id conflicted with an event that then vanished".into(),
+            ))
+        })
+        .await
+    }
+
+    async fn check_writable(&self) -> Result<()> {
+        let now_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as i64);
+        within(HEALTH_TIMEOUT, async {
+            query(
+                "INSERT INTO health (id, at_ms) VALUES (1, $1)
+                 ON CONFLICT (id) DO UPDATE SET at_ms = excluded.at_ms",
+            )
+            .bind(now_ms)
+            .execute(&self.synced)
+            .await
+            .map(|_| ())
+        })
+        .await
+    }
+
+    async fn published(&self, namespace: &str, event_id: &str) -> Result<Option<PublishResult>> {
+        within(OP_TIMEOUT, first_answer(&self.relaxed, namespace, event_id)).await
+    }
+
+    async fn claim_next(&self, uid: &str, now_ms: i64) -> Result<Claim> {
+        within(OP_TIMEOUT, async {
+            // The fence and the claim in one statement. `sub` locks the subscription row
+            // FOR SHARE only while it is live, enabled and unpaused (a removal in progress
+            // makes it wait, then see the tombstone); `next` depends on `sub`'s result, so
+            // no delivery is locked before the subscription is. SKIP LOCKED: a delivery
+            // another claimer is taking is left to it.
+            let claimed = query(
+                "WITH sub AS MATERIALIZED (
+                     SELECT uid FROM subscriptions
+                     WHERE uid = $1 AND live AND NOT paused AND NOT disabled
+                     FOR SHARE
+                 ), next AS MATERIALIZED (
+                     SELECT id FROM deliveries
+                     WHERE sub_uid = (SELECT uid FROM sub) AND state = 0 AND due_ms <= $2
+                     ORDER BY due_ms, id
+                     LIMIT 1
+                     FOR UPDATE SKIP LOCKED
+                 )
+                 UPDATE deliveries d SET state = 1, attempts = d.attempts + 1
+                 FROM next, events e
+                 WHERE d.id = next.id AND e.id = d.event
+                 RETURNING d.id, e.event_id, e.event_type, e.body, d.attempts, d.window_start_ms",
+            )
+            .bind(uid)
+            .bind(now_ms)
+            .fetch_optional(&self.relaxed)
+            .await?;
+            if let Some(r) = claimed {
+                return Ok(Claim::Claimed(Claimed {
+                    delivery_id: r.try_get(0)?,
+                    subscription_uid: uid.to_string(),
+                    event_id: r.try_get(1)?,
+                    event_type: r.try_get(2)?,
+                    body: r.try_get(3)?,
+                    attempt: r.try_get::<i32, _>(4)?.max(0) as u32,
+                    window_start_ms: r.try_get(5)?,
+                }));
+            }
+            let next_due_ms: Option<Option<i64>> = query_scalar(
+                "SELECT (SELECT min(due_ms) FROM deliveries WHERE sub_uid = $1 AND state = 0)
+                 FROM subscriptions WHERE uid = $1 AND live AND NOT paused AND NOT disabled",
+            )
+            .bind(uid)
+            .fetch_optional(&self.relaxed)
+            .await?;
+            Ok(Claim::Idle {
+                next_due_ms: next_due_ms.flatten(),
+            })
+        })
+        .await
+    }
+
+    async fn complete(
+        &self,
+        delivery_id: i64,
+        attempt: AttemptRecord,
+        next: Next,
+    ) -> Result<Completion> {
+        let (state, due_ms) = match next {
+            Next::Delivered => (DeliveryState::Delivered, attempt.at_ms),
+            Next::Retry { due_ms } => (DeliveryState::Pending, due_ms),
+            Next::DeadLetter => (DeliveryState::Dead, attempt.at_ms),
+        };
+        let finished = (state != DeliveryState::Pending).then_some(attempt.at_ms);
+        let ok = next == Next::Delivered;
+        let dead = next == Next::DeadLetter;
+        within(OP_TIMEOUT, async {
+            // The subscription row first (`sub`), then the delivery, in the order a removal
+            // takes them. A delivery purged meanwhile is not in flight any more: `moved` is
+            // empty and nothing is recorded.
+            let row = query(
+                "WITH sub AS MATERIALIZED (
+                     SELECT uid FROM subscriptions
+                     WHERE uid = (SELECT sub_uid FROM deliveries WHERE id = $1)
+                     FOR NO KEY UPDATE
+                 ), moved AS (
+                     UPDATE deliveries SET state = $2, due_ms = $3, finished_ms = $4
+                     WHERE id = $1 AND state = 1 AND sub_uid = (SELECT uid FROM sub)
+                     RETURNING id, sub_uid
+                 ), logged AS (
+                     INSERT INTO attempt_log (delivery, at_ms, outcome, status_code, latency_ms, message)
+                     SELECT id, $5, $6, $7, $8, $9 FROM moved
+                 ), counted AS (
+                     UPDATE subscriptions s SET
+                         consecutive_failures = CASE WHEN $10 THEN 0 ELSE s.consecutive_failures + 1 END,
+                         delivered = s.delivered + CASE WHEN $10 THEN 1 ELSE 0 END,
+                         failed = s.failed + CASE WHEN $10 THEN 0 ELSE 1 END,
+                         dead_lettered = s.dead_lettered + CASE WHEN $11 THEN 1 ELSE 0 END,
+                         disabled = s.disabled OR (NOT $10 AND s.disable_after > 0
+                                                   AND s.consecutive_failures + 1 >= s.disable_after)
+                     FROM moved
+                     WHERE s.uid = moved.sub_uid AND s.live
+                     RETURNING s.consecutive_failures,
+                               s.disabled AND NOT $10 AND s.disable_after > 0
+                                   AND s.consecutive_failures = s.disable_after AS disabled_now
+                 )
+                 SELECT EXISTS (SELECT 1 FROM moved),
+                        coalesce((SELECT consecutive_failures FROM counted), 0),
+                        coalesce((SELECT disabled_now FROM counted), false)",
+            )
+            .bind(delivery_id)
+            .bind(state.code() as i16)
+            .bind(due_ms)
+            .bind(finished)
+            .bind(attempt.at_ms)
+            .bind(&attempt.outcome)
+            .bind(attempt.status_code.map(i32::from))
+            .bind(attempt.latency_ms.min(i64::MAX as u64) as i64)
+            .bind(&attempt.message)
+            .bind(ok)
+            .bind(dead)
+            .fetch_one(&self.relaxed)
+            .await?;
+            Ok(Completion {
+                recorded: row.try_get(0)?,
+                disabled_now: row.try_get(2)?,
+                consecutive_failures: row.try_get::<i32, _>(1)?.max(0) as u32,
+            })
+        })
+        .await
+    }
+
+    async fn recover_in_flight(&self, now_ms: i64) -> Result<u64> {
+        within(BULK_TIMEOUT, async {
+            Ok(
+                query(
+                    "UPDATE deliveries SET state = 0, due_ms = least(due_ms, $1) WHERE state = 1",
+                )
+                .bind(now_ms)
+                .execute(&self.relaxed)
+                .await?
+                .rows_affected(),
+            )
+        })
+        .await
+    }
+
+    async fn pending_by_subscription(&self) -> Result<Vec<(String, String, u64)>> {
+        within(BULK_TIMEOUT, async {
+            let rows = query(
+                "SELECT s.uid, s.namespace, count(d.id) FROM subscriptions s
+                 JOIN deliveries d ON d.sub_uid = s.uid AND d.state IN (0, 1)
+                 WHERE s.live GROUP BY s.uid, s.namespace",
+            )
+            .fetch_all(&self.relaxed)
+            .await?;
+            rows.iter()
+                .map(|r| Ok((r.try_get(0)?, r.try_get(1)?, count(r, 2)?)))
+                .collect()
+        })
+        .await
+    }
+
+    async fn list_deliveries(
+        &self,
+        uid: &str,
+        filter: StateFilter,
+        limit: u32,
+    ) -> Result<Vec<DeliveryView>> {
+        let states: Vec<i16> = match filter {
+            StateFilter::Pending => vec![0, 1],
+            StateFilter::Dead => vec![3],
+            StateFilter::All => vec![0, 1, 2, 3],
+        };
+        within(OP_TIMEOUT, async {
+            let rows = query(
+                "SELECT e.event_id, e.event_type, d.state, d.attempts, e.published_ms, d.due_ms,
+                        a.at_ms, a.outcome, a.status_code, a.latency_ms, a.message
+                 FROM deliveries d JOIN events e ON e.id = d.event
+                 LEFT JOIN LATERAL (
+                     SELECT at_ms, outcome, status_code, latency_ms, message FROM attempt_log
+                     WHERE delivery = d.id ORDER BY id DESC LIMIT 1
+                 ) a ON true
+                 WHERE d.sub_uid = $1 AND d.state = ANY($2) ORDER BY d.id LIMIT $3",
+            )
+            .bind(uid)
+            .bind(&states)
+            .bind(i64::from(limit))
+            .fetch_all(&self.relaxed)
+            .await?;
+            rows.iter()
+                .map(|r| {
+                    let state = DeliveryState::from_code(r.try_get::<i16, _>(2)?.into());
+                    let last_attempt = match r.try_get::<Option<i64>, _>(6)? {
+                        Some(_) => Some(attempt_row(r, 6)?),
+                        None => None,
+                    };
+                    Ok(DeliveryView {
+                        event_id: r.try_get(0)?,
+                        event_type: r.try_get(1)?,
+                        state,
+                        attempts: r.try_get::<i32, _>(3)?.max(0) as u32,
+                        published_ms: r.try_get(4)?,
+                        next_due_ms: (state == DeliveryState::Pending)
+                            .then(|| r.try_get(5))
+                            .transpose()?,
+                        last_attempt,
+                    })
+                })
+                .collect()
+        })
+        .await
+    }
+
+    async fn attempts(&self, uid: &str, event_id: &str) -> Result<Vec<AttemptRecord>> {
+        within(OP_TIMEOUT, async {
+            let rows = query(
+                "SELECT a.at_ms, a.outcome, a.status_code, a.latency_ms, a.message
+                 FROM attempt_log a JOIN deliveries d ON d.id = a.delivery
+                 JOIN events e ON e.id = d.event
+                 WHERE d.sub_uid = $1 AND e.event_id = $2 ORDER BY a.id",
+            )
+            .bind(uid)
+            .bind(event_id)
+            .fetch_all(&self.relaxed)
+            .await?;
+            rows.iter().map(|r| attempt_row(r, 0)).collect()
+        })
+        .await
+    }
+
+    async fn replay(&self, uid: &str, event_ids: Option<Vec<String>>, now_ms: i64) -> Result<u64> {
+        within(BULK_TIMEOUT, async {
+            // FOR SHARE on a live row, as a publish: a removal waits, then purges them.
+            Ok(query(
+                "WITH sub AS MATERIALIZED (
+                     SELECT uid, namespace FROM subscriptions WHERE uid = $1 AND live FOR SHARE
+                 )
+                 UPDATE deliveries SET state = 0, attempts = 0, due_ms = $2,
+                     window_start_ms = $2, finished_ms = NULL
+                 WHERE sub_uid = (SELECT uid FROM sub) AND state = 3
+                   AND ($3::text[] IS NULL OR event IN (
+                       SELECT id FROM events
+                       WHERE event_id = ANY($3) AND namespace = (SELECT namespace FROM sub)))",
+            )
+            .bind(uid)
+            .bind(now_ms)
+            .bind(event_ids)
+            .execute(&self.synced)
+            .await?
+            .rows_affected())
+        })
+        .await
+    }
+
+    async fn prune(&self, older_than_ms: i64) -> Result<u64> {
+        within(BULK_TIMEOUT, async {
+            let mut tx = self.relaxed.begin().await?;
+            let mut removed = 0;
+            for sql in [
+                "DELETE FROM attempt_log WHERE at_ms < $1",
+                "DELETE FROM deliveries WHERE state = 2 AND finished_ms < $1",
+                "DELETE FROM deliveries WHERE sub_uid IN (SELECT uid FROM subscriptions WHERE NOT live)",
+                // A statement of its own: it must see the deliveries just deleted as gone.
+                "DELETE FROM events e WHERE published_ms < $1
+                     AND NOT EXISTS (SELECT 1 FROM deliveries d WHERE d.event = e.id)",
+            ] {
+                let q = query(sql);
+                let q = if sql.contains("$1") {
+                    q.bind(older_than_ms)
+                } else {
+                    q
+                };
+                removed += q.execute(&mut *tx).await?.rows_affected();
+            }
+            tx.commit().await?;
+            Ok(removed)
+        })
+        .await
+    }
+}
+
+/// The first answer to an event id already published in the namespace.
+async fn first_answer(
+    pool: &PgPool,
+    namespace: &str,
+    event_id: &str,
+) -> Result<Option<PublishResult>, sqlx_core::Error> {
+    let matched: Option<i32> =
+        query_scalar("SELECT matched FROM events WHERE namespace = $1 AND event_id = $2")
+            .bind(namespace)
+            .bind(event_id)
+            .fetch_optional(pool)
+            .await?;
+    Ok(matched.map(|matched| PublishResult {
+        event_id: event_id.to_string(),
+        matched: matched.max(0) as u32,
+        duplicate: true,
+        targets: Vec::new(),
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::test_postgres::Postgres;
+
+    async fn store(server: &Postgres) -> PostgresStore {
+        PostgresStore::connect(&server.url).await.unwrap()
+    }
+
+    #[tokio::test]
+    async fn postgres_passes_the_store_suite() {
+        let Some(server) = Postgres::start() else {
+            return;
+        };
+        let store = store(&server).await;
+        super::super::suite::run(&store).await;
+        store.close().await;
+    }
+
+    #[tokio::test]
+    async fn what_was_acknowledged_survives_reopening() {
+        let Some(server) = Postgres::start() else {
+            return;
+        };
+        {
+            let store = store(&server).await;
+            super::super::suite::seed_for_reopen(&store).await;
+            store.close().await;
+        }
+        // A restarted server, and a second store: another replica, or this one restarted.
+        server.stop();
+        server.restart();
+        let store = store(&server).await;
+        super::super::suite::check_after_reopen(&store).await;
+        store.close().await;
+    }
+
+    #[tokio::test]
+    async fn the_url_password_is_redacted() {
+        let url =
+            "postgres://herald:s3cr%2Ft@db.example:5432/herald?sslmode=require&password=other";
+        let shown = redact_url(url);
+        assert!(!shown.contains("s3cr"), "{shown}");
+        assert!(!shown.contains("other"), "{shown}");
+        assert_eq!(
+            shown,
+            "postgres://herald:REDACTED@db.example:5432/herald?sslmode=require&password=REDACTED"
+        );
+        assert_eq!(
+            redact_url("postgres://db.example/herald"),
+            "postgres://db.example/herald"
+        );
+        assert!(!redact_url("postgres://u:pw@[bad").contains("pw"));
+    }
+}
