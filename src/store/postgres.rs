@@ -777,10 +777,12 @@ async fn first_answer(
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
+
     use super::*;
     use crate::store::test_postgres::Postgres;
 
-    async fn store(server: &Postgres) -> PostgresStore {
+    async fn connect(server: &Postgres) -> PostgresStore {
         PostgresStore::connect(&server.url).await.unwrap()
     }
 
@@ -789,7 +791,7 @@ mod tests {
         let Some(server) = Postgres::start() else {
             return;
         };
-        let store = store(&server).await;
+        let store = connect(&server).await;
         super::super::suite::run(&store).await;
         store.close().await;
     }
@@ -800,15 +802,333 @@ mod tests {
             return;
         };
         {
-            let store = store(&server).await;
+            let store = connect(&server).await;
             super::super::suite::seed_for_reopen(&store).await;
             store.close().await;
         }
         // A restarted server, and a second store: another replica, or this one restarted.
         server.stop();
         server.restart();
-        let store = store(&server).await;
+        let store = connect(&server).await;
         super::super::suite::check_after_reopen(&store).await;
+        store.close().await;
+    }
+
+    fn sub(uid: &str) -> SubscriptionRecord {
+        SubscriptionRecord {
+            uid: uid.into(),
+            namespace: "ns".into(),
+            name: uid.into(),
+            paused: false,
+            disable_after: 0,
+        }
+    }
+
+    fn event(id: &str) -> NewEvent {
+        NewEvent {
+            namespace: "ns".into(),
+            event_id: id.into(),
+            event_type: "t".into(),
+            body: b"{}".to_vec(),
+            published_ms: 100,
+        }
+    }
+
+    /// A plain connection beside the store, to look at or hold rows as another process would.
+    async fn raw(url: &str) -> PgConnection {
+        PgConnection::connect(url).await.unwrap()
+    }
+
+    /// Replicas starting at once on an empty database: sqlx's migrator serialises them with
+    /// an advisory lock, so each migration is applied once and every replica starts.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn replicas_migrating_at_once_all_start() {
+        let Some(server) = Postgres::start() else {
+            return;
+        };
+        let mut admin = raw(&server.url).await;
+        for round in 0..3 {
+            let database = format!("fresh{round}");
+            admin
+                .execute(format!("CREATE DATABASE {database}").as_str())
+                .await
+                .unwrap();
+            let url = server.url_of(&database);
+            let starts: Vec<_> = (0..6)
+                .map(|_| {
+                    let url = url.clone();
+                    tokio::spawn(async move { PostgresStore::connect(&url).await })
+                })
+                .collect();
+            for start in starts {
+                let store = start.await.unwrap().unwrap_or_else(|e| {
+                    panic!("a replica failed to start on a fresh database: {e}")
+                });
+                store.upsert_subscription(sub("m1")).await.unwrap();
+                store.close().await;
+            }
+            let mut conn = raw(&url).await;
+            let applied: Vec<i64> =
+                query_scalar("SELECT version FROM _sqlx_migrations ORDER BY version")
+                    .fetch_all(&mut conn)
+                    .await
+                    .unwrap();
+            let expected: Vec<i64> = MIGRATIONS.iter().map(|m| m.0).collect();
+            assert_eq!(applied, expected, "each migration applied once");
+        }
+    }
+
+    /// Many claimers (a wide lane, or several replicas) never get the same delivery.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn concurrent_claims_never_share_a_delivery() {
+        let Some(server) = Postgres::start() else {
+            return;
+        };
+        let store = Arc::new(connect(&server).await);
+        let replica = Arc::new(connect(&server).await);
+        store.upsert_subscription(sub("w1")).await.unwrap();
+        const EVENTS: usize = 200;
+        for i in 0..EVENTS {
+            store
+                .publish(event(&format!("evt-{i}")), vec!["w1".into()])
+                .await
+                .unwrap();
+        }
+        let claimers: Vec<_> = (0..12)
+            .map(|n| {
+                let store = if n % 2 == 0 {
+                    store.clone()
+                } else {
+                    replica.clone()
+                };
+                tokio::spawn(async move {
+                    let mut mine = Vec::new();
+                    loop {
+                        match store.claim_next("w1", 1_000).await.unwrap() {
+                            Claim::Claimed(c) => mine.push(c.delivery_id),
+                            // SKIP LOCKED: idle with a due delivery means another claimer
+                            // is taking it right now.
+                            Claim::Idle {
+                                next_due_ms: Some(_),
+                            } => tokio::task::yield_now().await,
+                            Claim::Idle { next_due_ms: None } => return mine,
+                        }
+                    }
+                })
+            })
+            .collect();
+        let mut all = Vec::new();
+        for claimer in claimers {
+            all.extend(claimer.await.unwrap());
+        }
+        let distinct: HashSet<_> = all.iter().collect();
+        assert_eq!(all.len(), EVENTS, "every delivery claimed");
+        assert_eq!(distinct.len(), EVENTS, "no delivery claimed twice");
+        store.close().await;
+        replica.close().await;
+    }
+
+    /// The fence, step by step: while a removal is in progress (its tombstone written, not
+    /// committed), a claim waits for it rather than taking a delivery, and then claims
+    /// nothing; a publish for the subscription waits the same way and then matches nothing.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn claims_and_publishes_wait_for_a_removal_in_progress() {
+        let Some(server) = Postgres::start() else {
+            return;
+        };
+        let store = Arc::new(connect(&server).await);
+        store.upsert_subscription(sub("f1")).await.unwrap();
+        store
+            .publish(event("evt-f1"), vec!["f1".into()])
+            .await
+            .unwrap();
+        let mut removal = raw(&server.url).await;
+        removal.execute("BEGIN").await.unwrap();
+        removal
+            .execute("UPDATE subscriptions SET live = false WHERE uid = 'f1'")
+            .await
+            .unwrap();
+        let claim = tokio::spawn({
+            let store = store.clone();
+            async move { store.claim_next("f1", 1_000).await }
+        });
+        let publish = tokio::spawn({
+            let store = store.clone();
+            async move { store.publish(event("evt-f2"), vec!["f1".into()]).await }
+        });
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        assert!(
+            !claim.is_finished(),
+            "a claim went ahead while the subscription was being removed: {:?}",
+            claim.await
+        );
+        assert!(
+            !publish.is_finished(),
+            "a publish went ahead of the removal"
+        );
+        removal
+            .execute("DELETE FROM deliveries WHERE sub_uid = 'f1' AND state IN (0, 1)")
+            .await
+            .unwrap();
+        removal.execute("COMMIT").await.unwrap();
+        assert!(matches!(
+            claim.await.unwrap().unwrap(),
+            Claim::Idle { next_due_ms: None }
+        ));
+        assert_eq!(publish.await.unwrap().unwrap().matched, 0);
+        assert_eq!(
+            store
+                .subscription_state("f1")
+                .await
+                .unwrap()
+                .unwrap()
+                .pending,
+            0
+        );
+        store.close().await;
+    }
+
+    /// Claims, publishes and completions racing a removal: once `remove_subscription` has
+    /// returned, nothing of the subscription is pending or in flight, no claim succeeds,
+    /// and no completion of an attempt that was on the wire records anything.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn removal_racing_claims_and_publishes_leaves_nothing_to_claim() {
+        let Some(server) = Postgres::start() else {
+            return;
+        };
+        let store = Arc::new(connect(&server).await);
+        for round in 0..20 {
+            let uid = format!("race{round}");
+            store.upsert_subscription(sub(&uid)).await.unwrap();
+            for i in 0..20 {
+                store
+                    .publish(event(&format!("{uid}-pre{i}")), vec![uid.clone()])
+                    .await
+                    .unwrap();
+            }
+            let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+            let mut workers = Vec::new();
+            for n in 0..4 {
+                let (store, uid, stop) = (store.clone(), uid.clone(), stop.clone());
+                workers.push(tokio::spawn(async move {
+                    let mut claimed = Vec::new();
+                    let mut i = 0;
+                    while !stop.load(std::sync::atomic::Ordering::Acquire) {
+                        if n % 2 == 0 {
+                            if let Claim::Claimed(c) = store.claim_next(&uid, 1_000).await.unwrap()
+                            {
+                                claimed.push(c.delivery_id);
+                            }
+                        } else {
+                            i += 1;
+                            store
+                                .publish(event(&format!("{uid}-{n}-{i}")), vec![uid.clone()])
+                                .await
+                                .unwrap();
+                        }
+                    }
+                    claimed
+                }));
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            store.remove_subscription(&uid).await.unwrap();
+            let state = store.subscription_state(&uid).await.unwrap().unwrap();
+            assert_eq!(
+                (state.live, state.pending),
+                (false, 0),
+                "{uid} right after removal"
+            );
+            assert!(matches!(
+                store.claim_next(&uid, i64::MAX).await.unwrap(),
+                Claim::Idle { next_due_ms: None }
+            ));
+            stop.store(true, std::sync::atomic::Ordering::Release);
+            let mut claimed = Vec::new();
+            for worker in workers {
+                claimed.extend(worker.await.unwrap());
+            }
+            for id in claimed {
+                let done = store
+                    .complete(id, attempt(), Next::Retry { due_ms: 0 })
+                    .await
+                    .unwrap();
+                assert!(!done.recorded, "{uid}: a purged attempt scheduled a retry");
+            }
+            let state = store.subscription_state(&uid).await.unwrap().unwrap();
+            assert_eq!(state.pending, 0, "{uid}: work appeared after the removal");
+        }
+        store.close().await;
+    }
+
+    fn attempt() -> AttemptRecord {
+        AttemptRecord {
+            at_ms: 2_000,
+            outcome: "Transient".into(),
+            status_code: Some(503),
+            latency_ms: 1,
+            message: "m".into(),
+        }
+    }
+
+    /// The server going away: every operation answers `Unavailable` within its deadline
+    /// (nothing hangs, nothing panics), the readiness check fails, and once the server is
+    /// back the same store works again by itself.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_outage_is_unavailable_and_heals_by_itself() {
+        let Some(server) = Postgres::start() else {
+            return;
+        };
+        let store = connect(&server).await;
+        store.upsert_subscription(sub("o1")).await.unwrap();
+        store
+            .publish(event("evt-o1"), vec!["o1".into()])
+            .await
+            .unwrap();
+        store.check_writable().await.unwrap();
+
+        server.stop();
+        let began = std::time::Instant::now();
+        let answers = [
+            store.check_writable().await.map(|_| ()),
+            store
+                .publish(event("evt-o2"), vec!["o1".into()])
+                .await
+                .map(|_| ()),
+            store.claim_next("o1", 1_000).await.map(|_| ()),
+            store.remove_subscription("o1").await.map(|_| ()),
+        ];
+        for answer in &answers {
+            assert!(
+                matches!(answer, Err(Error::Unavailable(_))),
+                "during the outage: {answer:?}"
+            );
+        }
+        assert!(
+            began.elapsed() < 4 * (ACQUIRE_TIMEOUT + Duration::from_secs(2)),
+            "answers took {:?}",
+            began.elapsed()
+        );
+
+        server.restart();
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        while let Err(e) = store.check_writable().await {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "still not writable after the restart: {e}"
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        // Nothing acknowledged was lost; what failed was not written.
+        let duplicate = store
+            .publish(event("evt-o1"), vec!["o1".into()])
+            .await
+            .unwrap();
+        assert!(duplicate.duplicate);
+        assert_eq!(store.published("ns", "evt-o2").await.unwrap(), None);
+        let Claim::Claimed(c) = store.claim_next("o1", 1_000).await.unwrap() else {
+            panic!("the acknowledged event is not claimable after the outage");
+        };
+        assert_eq!(c.event_id, "evt-o1");
         store.close().await;
     }
 
