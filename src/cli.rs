@@ -186,3 +186,76 @@ fn verify(args: VerifyArgs) -> ExitCode {
         }
     }
 }
+
+/// `--store` / `HERALD_STORE`: a `postgres://` (or `postgresql://`) URL. It may carry a
+/// password, so it shows (Display and Debug alike) with the password replaced; only
+/// [`StoreUrl::expose`] gives the URL itself, to connect with.
+#[derive(Clone)]
+pub struct StoreUrl(String);
+
+impl StoreUrl {
+    pub(crate) fn parse(raw: &str) -> Result<Self, String> {
+        let parsed = url::Url::parse(raw).map_err(|e| format!("not a URL ({e})"))?;
+        match parsed.scheme() {
+            "postgres" | "postgresql" => Ok(Self(raw.to_string())),
+            other => Err(format!(
+                "unsupported store {other:?}: give a postgres:// URL, or leave --store out for the embedded store in --data-dir"
+            )),
+        }
+    }
+
+    /// The URL with its password, to connect with; never log it.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Display for StoreUrl {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&crate::store::postgres::redact_url(&self.0))
+    }
+}
+
+impl std::fmt::Debug for StoreUrl {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "StoreUrl({self})")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_store_url_never_shows_its_password() {
+        let url = StoreUrl::parse("postgres://herald:hunter2@db:5432/herald").unwrap();
+        assert_eq!(url.expose(), "postgres://herald:hunter2@db:5432/herald");
+        for shown in [url.to_string(), format!("{url:?}")] {
+            assert!(!shown.contains("hunter2"), "{shown}");
+            assert!(shown.contains("db:5432/herald"), "{shown}");
+        }
+        let err = StoreUrl::parse("mysql://u:secretpw@db/x").unwrap_err();
+        assert!(!err.contains("secretpw"), "{err}");
+        assert!(StoreUrl::parse("not a url").is_err());
+    }
+
+    #[test]
+    fn store_flag_and_environment_select_postgres() {
+        let cli = Cli::try_parse_from([
+            "herald",
+            "run",
+            "--store",
+            "postgresql://h:pw@127.0.0.1/herald",
+        ])
+        .unwrap();
+        let Command::Run(args) = cli.command else {
+            panic!("not run")
+        };
+        assert_eq!(
+            args.store().map(StoreUrl::expose),
+            Some("postgresql://h:pw@127.0.0.1/herald")
+        );
+        assert!(!format!("{args:?}").contains(":pw@"));
+        assert!(Cli::try_parse_from(["herald", "run", "--store", "sqlite:///x"]).is_err());
+    }
+}

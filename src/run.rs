@@ -13,12 +13,16 @@ use tracing_subscriber::EnvFilter;
 
 use crate::api::SigningScheme;
 use crate::cli::SchemeArg;
+use crate::cli::StoreUrl;
 use crate::delivery::egress::EgressPolicy;
 use crate::delivery::http::HttpSender;
 use crate::delivery::{Engine, EngineConfig};
 use crate::ingest::{self, auth::StaticToken};
 use crate::signing::{DEFAULT_TOLERANCE, Signer};
+use crate::store::Store;
+use crate::store::postgres::PostgresStore;
 use crate::store::sqlite::SqliteStore;
+use crate::store::timed::Timed;
 
 /// Every setting of `herald run`, with its default.
 #[derive(Args, Debug)]
@@ -57,9 +61,16 @@ pub struct RunArgs {
     /// Folder of WebhookSubscription, WebhookQuota and Secret manifests (standalone mode).
     #[arg(long, env = "HERALD_CONFIG")]
     config: Option<PathBuf>,
-    /// Where the embedded store keeps its database.
+    /// Where the embedded store keeps its database (unless --store is given).
     #[arg(long, env = "HERALD_DATA_DIR", default_value = "./herald-data")]
     data_dir: PathBuf,
+    /// The store as a PostgreSQL URL (postgres://USER:PASSWORD@HOST:PORT/DATABASE, with
+    /// ?sslmode=verify-full&sslrootcert=FILE for TLS), for several replicas sharing one
+    /// database; the schema is created or migrated at start. Without it, the embedded
+    /// SQLite store in --data-dir. Prefer the environment variable: a flag is visible in the
+    /// process list. The password is never logged.
+    #[arg(long, env = "HERALD_STORE", hide_env_values = true, value_parser = StoreUrl::parse)]
+    store: Option<StoreUrl>,
     /// Address of the ingest API. Port 0 picks a free port (see --ready-file).
     #[arg(long, env = "HERALD_LISTEN", default_value = "127.0.0.1:8080")]
     listen: SocketAddr,
@@ -181,10 +192,30 @@ impl RunArgs {
             })
     }
 
-    fn engine(&self) -> anyhow::Result<Arc<Engine>> {
-        let store = Arc::new(crate::store::timed::Timed(SqliteStore::open(
-            &self.data_dir,
-        )?));
+    #[cfg(test)]
+    pub(crate) fn store(&self) -> Option<&StoreUrl> {
+        self.store.as_ref()
+    }
+
+    /// Which store herald uses, for logs (a URL without its password).
+    fn store_description(&self) -> String {
+        match &self.store {
+            Some(url) => url.to_string(),
+            None => format!("SQLite in {}", self.data_dir.display()),
+        }
+    }
+
+    async fn engine(&self) -> anyhow::Result<Arc<Engine>> {
+        let store: Arc<dyn Store> = match &self.store {
+            Some(url) => {
+                tracing::info!(store = %url, "connecting to the PostgreSQL store");
+                let store = PostgresStore::connect(url.expose())
+                    .await
+                    .with_context(|| format!("the PostgreSQL store at {url}"))?;
+                Arc::new(Timed(store))
+            }
+            None => Arc::new(Timed(SqliteStore::open(&self.data_dir)?)),
+        };
         let extra_roots = match &self.egress_ca_file {
             Some(path) => {
                 let roots = crate::tls::read_ca_certificates(path).context("--egress-ca-file")?;
@@ -345,7 +376,8 @@ fn health_router(readiness: Arc<Readiness>, engine: Arc<Engine>) -> axum::Router
                 if !engine.store_healthy().await {
                     (
                         StatusCode::SERVICE_UNAVAILABLE,
-                        "not ready: the store cannot commit (disk full?)".to_string(),
+                        "not ready: the store cannot commit (disk full? PostgreSQL unreachable?)"
+                            .to_string(),
                     )
                 } else if waiting.is_empty() {
                     (StatusCode::OK, "ok".to_string())
@@ -394,7 +426,7 @@ async fn run_cluster(args: RunArgs) -> anyhow::Result<()> {
     let _ = rustls::crypto::ring::default_provider().install_default();
     let tls = args.ingest_tls()?;
     let client = kube_client(&args).await?;
-    let engine = args.engine()?;
+    let engine = args.engine().await?;
     let scope = watch::Scope(args.watch_namespaces.clone());
     let readiness = Arc::new(Readiness::default());
     readiness.waiting_for("subscriptions");
@@ -494,7 +526,7 @@ async fn run_cluster(args: RunArgs) -> anyhow::Result<()> {
         .with_context(|| format!("listening on {}", args.listen))?;
     let address = listener.local_addr()?;
     let url = ingest_url(address, tls.is_some());
-    tracing::info!(%address, %url, health = %health_address, data_dir = %args.data_dir.display(), "herald is serving (cluster mode)");
+    tracing::info!(%address, %url, health = %health_address, store = %args.store_description(), "herald is serving (cluster mode)");
     if let Some(path) = &args.ready_file {
         let first = if tls.is_some() {
             url
@@ -535,7 +567,7 @@ async fn stop(engine: &Engine, timeout_seconds: u64) {
 
 async fn run_standalone(args: RunArgs, config_dir: PathBuf) -> anyhow::Result<()> {
     let tls = args.ingest_tls()?;
-    let engine = args.engine()?;
+    let engine = args.engine().await?;
 
     // Configuration first, so that removals made while herald was down are purged before
     // anything is dispatched; then recovery; then delivery.
@@ -553,7 +585,7 @@ async fn run_standalone(args: RunArgs, config_dir: PathBuf) -> anyhow::Result<()
         .with_context(|| format!("listening on {}", args.listen))?;
     let address = listener.local_addr()?;
     let url = ingest_url(address, tls.is_some());
-    tracing::info!(%address, %url, data_dir = %args.data_dir.display(), config = %config_dir.display(), "herald is serving");
+    tracing::info!(%address, %url, store = %args.store_description(), config = %config_dir.display(), "herald is serving");
     ingest::listener::warn_if_exposed(address, args.publish_token.is_some());
     let readiness = Arc::new(Readiness::default());
     let mut announced = vec![if tls.is_some() {
