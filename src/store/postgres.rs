@@ -16,6 +16,12 @@
 //!   the unfinished deliveries, so it also purges what a claim just before it marked in
 //!   flight. Publish and replay hold the row `FOR SHARE` too, so no delivery for a removed
 //!   subscription is created or revived after its purge.
+//! - The shard fence ([`Store::claim_fenced`]): the claim also holds the shard's
+//!   `shard_owners` row `FOR SHARE` while it carries the claimer's lease epoch, before it
+//!   locks a delivery. [`Store::take_shard`] raises the epoch (an update: it waits for those
+//!   claims, and every later one sees the new epoch) and then, in the same transaction,
+//!   makes the shard's attempts in flight due again, including what a claim just before it
+//!   took: once it returns, the old holder claims nothing in that shard.
 //! - [`Store::complete`] locks the subscription row before the delivery row (to count), in
 //!   the order everything else does, so a completion and a removal never deadlock.
 //!
@@ -58,7 +64,10 @@ use super::*;
 
 /// The schema, one migration a file: (version, description, SQL). Never edit one that has
 /// been released; add the next.
-const MIGRATIONS: &[(i64, &str, &str)] = &[(1, "schema", include_str!("postgres/0001_schema.sql"))];
+const MIGRATIONS: &[(i64, &str, &str)] = &[
+    (1, "schema", include_str!("postgres/0001_schema.sql")),
+    (2, "shards", include_str!("postgres/0002_shards.sql")),
+];
 
 /// Connections per pool (two pools per process, see the module documentation). Three
 /// replicas use at most 3 × 2 × 10 = 60 of PostgreSQL's default 100.
@@ -286,10 +295,11 @@ impl Store for PostgresStore {
     async fn upsert_subscription(&self, sub: SubscriptionRecord) -> Result<SubscriptionState> {
         within(OP_TIMEOUT, async {
             query(
-                "INSERT INTO subscriptions (uid, namespace, name, paused, disable_after)
-                 VALUES ($1, $2, $3, $4, $5)
+                "INSERT INTO subscriptions (uid, namespace, name, paused, disable_after, shard)
+                 VALUES ($1, $2, $3, $4, $5, $6)
                  ON CONFLICT (uid) DO UPDATE SET paused = excluded.paused,
-                     disable_after = excluded.disable_after, name = excluded.name
+                     disable_after = excluded.disable_after, name = excluded.name,
+                     shard = excluded.shard
                  WHERE subscriptions.live",
             )
             .bind(&sub.uid)
@@ -297,6 +307,7 @@ impl Store for PostgresStore {
             .bind(&sub.name)
             .bind(sub.paused)
             .bind(sub.disable_after.min(i32::MAX as u32) as i32)
+            .bind(shard_number(sub.shard))
             .execute(&self.synced)
             .await?;
             let row = query(STATE_OF)
@@ -371,7 +382,7 @@ impl Store for PostgresStore {
     async fn live_subscriptions(&self) -> Result<Vec<SubscriptionRecord>> {
         within(BULK_TIMEOUT, async {
             let rows = query(
-                "SELECT uid, namespace, name, paused, disable_after FROM subscriptions
+                "SELECT uid, namespace, name, paused, disable_after, shard FROM subscriptions
                  WHERE live ORDER BY uid",
             )
             .fetch_all(&self.relaxed)
@@ -384,6 +395,7 @@ impl Store for PostgresStore {
                         name: r.try_get(2)?,
                         paused: r.try_get(3)?,
                         disable_after: r.try_get::<i32, _>(4)?.max(0) as u32,
+                        shard: r.try_get::<i32, _>(5)?.max(0) as u32,
                     })
                 })
                 .collect()
@@ -483,54 +495,79 @@ impl Store for PostgresStore {
     }
 
     async fn claim_next(&self, uid: &str, now_ms: i64) -> Result<Claim> {
-        within(OP_TIMEOUT, async {
-            // The fence and the claim in one statement. `sub` locks the subscription row
-            // FOR SHARE only while it is live, enabled and unpaused (a removal in progress
-            // makes it wait, then see the tombstone); `next` depends on `sub`'s result, so
-            // no delivery is locked before the subscription is. SKIP LOCKED: a delivery
-            // another claimer is taking is left to it.
-            let claimed = query(
-                "WITH sub AS MATERIALIZED (
-                     SELECT uid FROM subscriptions
-                     WHERE uid = $1 AND live AND NOT paused AND NOT disabled
-                     FOR SHARE
-                 ), next AS MATERIALIZED (
-                     SELECT id FROM deliveries
-                     WHERE sub_uid = (SELECT uid FROM sub) AND state = 0 AND due_ms <= $2
-                     ORDER BY due_ms, id
-                     LIMIT 1
-                     FOR UPDATE SKIP LOCKED
-                 )
-                 UPDATE deliveries d SET state = 1, attempts = d.attempts + 1
-                 FROM next, events e
-                 WHERE d.id = next.id AND e.id = d.event
-                 RETURNING d.id, e.event_id, e.event_type, e.body, d.attempts, d.window_start_ms",
+        self.claim(uid, now_ms, None).await
+    }
+
+    async fn claim_fenced(&self, uid: &str, now_ms: i64, fence: ShardFence) -> Result<Claim> {
+        self.claim(uid, now_ms, Some(fence)).await
+    }
+
+    async fn take_shard(&self, shard: u32, holder: &str, epoch: i64, now_ms: i64) -> Result<bool> {
+        within(BULK_TIMEOUT, async {
+            let mut tx = self.synced.begin().await?;
+            // The new epoch first: it waits for every claim holding the row under the old
+            // one, and holds off every later claim until the commit (which they then see).
+            let taken = query(
+                "INSERT INTO shard_owners (shard, holder, epoch) VALUES ($1, $2, $3)
+                 ON CONFLICT (shard) DO UPDATE SET holder = excluded.holder, epoch = excluded.epoch
+                 WHERE excluded.epoch > shard_owners.epoch",
             )
-            .bind(uid)
-            .bind(now_ms)
-            .fetch_optional(&self.relaxed)
-            .await?;
-            if let Some(r) = claimed {
-                return Ok(Claim::Claimed(Claimed {
-                    delivery_id: r.try_get(0)?,
-                    subscription_uid: uid.to_string(),
-                    event_id: r.try_get(1)?,
-                    event_type: r.try_get(2)?,
-                    body: r.try_get(3)?,
-                    attempt: r.try_get::<i32, _>(4)?.max(0) as u32,
-                    window_start_ms: r.try_get(5)?,
-                }));
+            .bind(shard_number(shard))
+            .bind(holder)
+            .bind(epoch)
+            .execute(&mut *tx)
+            .await?
+            .rows_affected()
+                == 1;
+            if taken {
+                query(
+                    "INSERT INTO shard_history (shard, epoch, holder, at_ms)
+                     VALUES ($1, $2, $3, $4)",
+                )
+                .bind(shard_number(shard))
+                .bind(epoch)
+                .bind(holder)
+                .bind(now_ms)
+                .execute(&mut *tx)
+                .await?;
+                // Attempts the previous holder had on the wire: it may be gone, so they are
+                // due again (at least once); if it was only paused, whichever completion comes
+                // first finishes the delivery. A statement of its own, so that it sees what
+                // claims under the old epoch committed while the update above waited.
+                query(
+                    "UPDATE deliveries SET state = 0, due_ms = least(due_ms, $2)
+                     WHERE state = 1
+                       AND sub_uid IN (SELECT uid FROM subscriptions WHERE shard = $1)",
+                )
+                .bind(shard_number(shard))
+                .bind(now_ms)
+                .execute(&mut *tx)
+                .await?;
             }
-            let next_due_ms: Option<Option<i64>> = query_scalar(
-                "SELECT (SELECT min(due_ms) FROM deliveries WHERE sub_uid = $1 AND state = 0)
-                 FROM subscriptions WHERE uid = $1 AND live AND NOT paused AND NOT disabled",
+            tx.commit().await?;
+            Ok(taken)
+        })
+        .await
+    }
+
+    async fn shard_history(&self) -> Result<Vec<ShardTaking>> {
+        within(BULK_TIMEOUT, async {
+            let rows = query(
+                "SELECT shard, epoch, holder, at_ms FROM shard_history
+                 ORDER BY at_ms, shard, epoch",
             )
-            .bind(uid)
-            .fetch_optional(&self.relaxed)
+            .fetch_all(&self.relaxed)
             .await?;
-            Ok(Claim::Idle {
-                next_due_ms: next_due_ms.flatten(),
-            })
+            rows.iter()
+                .map(|r| {
+                    Ok(ShardTaking {
+                        shard: r.try_get::<i32, _>(0)?.max(0) as u32,
+                        epoch: r.try_get(1)?,
+                        holder: r.try_get(2)?,
+                        at_ms: r.try_get(3)?,
+                    })
+                })
+                .collect()
         })
         .await
     }
@@ -755,6 +792,98 @@ impl Store for PostgresStore {
     }
 }
 
+/// The fence and the claim in one statement. `sub` locks the subscription row FOR SHARE
+/// only while it is live, enabled and unpaused (a removal in progress makes it wait, then
+/// see the tombstone); `next` depends on `sub`'s result, so no delivery is locked before the
+/// subscription is. SKIP LOCKED: a delivery another claimer is taking is left to it.
+const CLAIM: &str = "
+    WITH sub AS MATERIALIZED (
+        SELECT uid FROM subscriptions
+        WHERE uid = $1 AND live AND NOT paused AND NOT disabled
+        FOR SHARE
+    ), next AS MATERIALIZED (
+        SELECT id FROM deliveries
+        WHERE sub_uid = (SELECT uid FROM sub) AND state = 0 AND due_ms <= $2
+        ORDER BY due_ms, id
+        LIMIT 1
+        FOR UPDATE SKIP LOCKED
+    )
+    UPDATE deliveries d SET state = 1, attempts = d.attempts + 1
+    FROM next, events e
+    WHERE d.id = next.id AND e.id = d.event
+    RETURNING d.id, e.event_id, e.event_type, e.body, d.attempts, d.window_start_ms";
+
+/// [`CLAIM`], and only while the claimer's lease epoch ($4) is the current one of the
+/// subscription's shard ($3): `owner` holds that shard_owners row FOR SHARE (a take-over in
+/// progress makes it wait, then see the new epoch), after the subscription row and before
+/// any delivery, the order in which every other statement locks.
+const CLAIM_FENCED: &str = "
+    WITH sub AS MATERIALIZED (
+        SELECT uid FROM subscriptions
+        WHERE uid = $1 AND live AND NOT paused AND NOT disabled AND shard = $3
+        FOR SHARE
+    ), owner AS MATERIALIZED (
+        SELECT shard FROM shard_owners
+        WHERE shard = $3 AND epoch = $4 AND EXISTS (SELECT 1 FROM sub)
+        FOR SHARE
+    ), next AS MATERIALIZED (
+        SELECT id FROM deliveries
+        WHERE sub_uid = (SELECT uid FROM sub) AND EXISTS (SELECT 1 FROM owner)
+          AND state = 0 AND due_ms <= $2
+        ORDER BY due_ms, id
+        LIMIT 1
+        FOR UPDATE SKIP LOCKED
+    )
+    UPDATE deliveries d SET state = 1, attempts = d.attempts + 1
+    FROM next, events e
+    WHERE d.id = next.id AND e.id = d.event
+    RETURNING d.id, e.event_id, e.event_type, e.body, d.attempts, d.window_start_ms";
+
+/// Shards are at most 4096 (`--shards`); PostgreSQL has no unsigned integers.
+fn shard_number(shard: u32) -> i32 {
+    shard.min(i32::MAX as u32) as i32
+}
+
+impl PostgresStore {
+    /// The claim, fenced by liveness and, with several replicas, by the shard's lease epoch.
+    async fn claim(&self, uid: &str, now_ms: i64, fence: Option<ShardFence>) -> Result<Claim> {
+        within(OP_TIMEOUT, async {
+            let claimed = match fence {
+                None => query(CLAIM).bind(uid).bind(now_ms),
+                Some(fence) => query(CLAIM_FENCED)
+                    .bind(uid)
+                    .bind(now_ms)
+                    .bind(shard_number(fence.shard))
+                    .bind(fence.epoch),
+            }
+            .fetch_optional(&self.relaxed)
+            .await?;
+            if let Some(r) = claimed {
+                return Ok(Claim::Claimed(Claimed {
+                    delivery_id: r.try_get(0)?,
+                    subscription_uid: uid.to_string(),
+                    event_id: r.try_get(1)?,
+                    event_type: r.try_get(2)?,
+                    body: r.try_get(3)?,
+                    attempt: r.try_get::<i32, _>(4)?.max(0) as u32,
+                    window_start_ms: r.try_get(5)?,
+                }));
+            }
+            let next_due_ms: Option<Option<i64>> = query_scalar(
+                "SELECT (SELECT min(due_ms) FROM deliveries WHERE sub_uid = $1 AND state = 0)
+                 FROM subscriptions WHERE uid = $1 AND live AND NOT paused AND NOT disabled",
+            )
+            .bind(uid)
+            .fetch_optional(&self.relaxed)
+            .await?;
+            Ok(Claim::Idle {
+                next_due_ms: next_due_ms.flatten(),
+            })
+        })
+        .await
+    }
+}
+
 /// The first answer to an event id already published in the namespace.
 async fn first_answer(
     pool: &PgPool,
@@ -821,6 +950,7 @@ mod tests {
             name: uid.into(),
             paused: false,
             disable_after: 0,
+            shard: 0,
         }
     }
 
@@ -1056,6 +1186,130 @@ mod tests {
             }
             let state = store.subscription_state(&uid).await.unwrap().unwrap();
             assert_eq!(state.pending, 0, "{uid}: work appeared after the removal");
+        }
+        store.close().await;
+    }
+
+    /// The shard fence, step by step: while a take-over is in progress (the new epoch
+    /// written, not committed), a claim under the old epoch waits for it, then claims
+    /// nothing; the new epoch claims.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn a_stale_epoch_waits_for_a_take_over_in_progress_then_claims_nothing() {
+        let Some(server) = Postgres::start() else {
+            return;
+        };
+        let store = Arc::new(connect(&server).await);
+        let fence = |epoch| ShardFence { shard: 7, epoch };
+        store
+            .upsert_subscription(SubscriptionRecord {
+                shard: 7,
+                ..sub("g1")
+            })
+            .await
+            .unwrap();
+        assert!(store.take_shard(7, "replica-a", 1, 100).await.unwrap());
+        for i in 0..2 {
+            store
+                .publish(event(&format!("evt-g{i}")), vec!["g1".into()])
+                .await
+                .unwrap();
+        }
+        let mut take_over = raw(&server.url).await;
+        take_over.execute("BEGIN").await.unwrap();
+        take_over
+            .execute("UPDATE shard_owners SET epoch = 2, holder = 'replica-b' WHERE shard = 7")
+            .await
+            .unwrap();
+        let stale = tokio::spawn({
+            let store = store.clone();
+            async move { store.claim_fenced("g1", 1_000, fence(1)).await }
+        });
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        assert!(
+            !stale.is_finished(),
+            "a claim under the old epoch went ahead during the take-over: {:?}",
+            stale.await
+        );
+        take_over.execute("COMMIT").await.unwrap();
+        assert!(matches!(stale.await.unwrap().unwrap(), Claim::Idle { .. }));
+        assert!(matches!(
+            store.claim_fenced("g1", 1_000, fence(2)).await.unwrap(),
+            Claim::Claimed(_)
+        ));
+        store.close().await;
+    }
+
+    /// Claims under the old epoch racing `take_shard`: once it has returned, nothing of the
+    /// shard is in flight (what the old holder took is due again) and the old epoch claims
+    /// nothing more.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn take_over_racing_old_claims_leaves_nothing_in_flight() {
+        let Some(server) = Postgres::start() else {
+            return;
+        };
+        let store = Arc::new(connect(&server).await);
+        store
+            .upsert_subscription(SubscriptionRecord {
+                shard: 5,
+                ..sub("t1")
+            })
+            .await
+            .unwrap();
+        for i in 0..400 {
+            store
+                .publish(event(&format!("evt-t{i}")), vec!["t1".into()])
+                .await
+                .unwrap();
+        }
+        for epoch in 1..=20 {
+            assert!(store.take_shard(5, "old", epoch, 100).await.unwrap());
+            let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+            let claimers: Vec<_> = (0..3)
+                .map(|_| {
+                    let (store, stop) = (store.clone(), stop.clone());
+                    tokio::spawn(async move {
+                        while !stop.load(std::sync::atomic::Ordering::Acquire) {
+                            let fence = ShardFence { shard: 5, epoch };
+                            store.claim_fenced("t1", 1_000, fence).await.unwrap();
+                        }
+                    })
+                })
+                .collect();
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            // The take-over, while the old holder keeps claiming.
+            let new_epoch = 1_000 + epoch;
+            assert!(store.take_shard(5, "new", new_epoch, 200).await.unwrap());
+            let in_flight: i64 =
+                query_scalar("SELECT count(*) FROM deliveries WHERE sub_uid = 't1' AND state = 1")
+                    .fetch_one(&store.relaxed)
+                    .await
+                    .unwrap();
+            assert_eq!(in_flight, 0, "round {epoch}: in flight after the take-over");
+            assert!(matches!(
+                store
+                    .claim_fenced("t1", 1_000, ShardFence { shard: 5, epoch })
+                    .await
+                    .unwrap(),
+                Claim::Idle { .. }
+            ));
+            stop.store(true, std::sync::atomic::Ordering::Release);
+            for claimer in claimers {
+                claimer.await.unwrap();
+            }
+            let in_flight: i64 =
+                query_scalar("SELECT count(*) FROM deliveries WHERE sub_uid = 't1' AND state = 1")
+                    .fetch_one(&store.relaxed)
+                    .await
+                    .unwrap();
+            assert_eq!(
+                in_flight, 0,
+                "round {epoch}: the old epoch claimed afterwards"
+            );
+            // Back to a low epoch, so that the next round starts with an "old" holder again.
+            query("UPDATE shard_owners SET epoch = 0 WHERE shard = 5")
+                .execute(&store.relaxed)
+                .await
+                .unwrap();
         }
         store.close().await;
     }

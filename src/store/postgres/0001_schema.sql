@@ -2,11 +2,6 @@
 -- (src/store/sqlite.rs), with PostgreSQL's types. Applied once, under sqlx's migration
 -- lock, by whichever replica starts first; never edit an applied migration (its checksum
 -- is recorded in _sqlx_migrations): add the next file instead.
---
--- Room left for sharding (issue 11, part 2): a `shard` column on subscriptions and a
--- `shard_owners (shard PRIMARY KEY, holder, epoch)` table come in a later migration; the
--- claim's fence (the `sub` query in postgres.rs) is the one place that then also checks
--- the caller's lease epoch.
 
 CREATE TABLE subscriptions (
     uid TEXT PRIMARY KEY,
