@@ -423,6 +423,11 @@ async fn run_cluster(args: RunArgs) -> anyhow::Result<()> {
         watch,
     };
     use crate::delivery::shards::Ownership;
+    if args.shard_leases && args.store.is_none() {
+        anyhow::bail!(
+            "--shard-leases shares the store between replicas: it needs --store postgres://… (HERALD_STORE); the embedded SQLite store belongs to one process"
+        );
+    }
     let _ = rustls::crypto::ring::default_provider().install_default();
     let tls = args.ingest_tls()?;
     let client = kube_client(&args).await?;

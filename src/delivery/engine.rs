@@ -237,8 +237,12 @@ impl Engine {
 
     /// Whether the store can commit (for /readyz): false after a write failed for want of
     /// space or I/O, until a synced commit succeeds again.
+    /// Answers within a second (a probe's usual timeout): a store that cannot commit in that
+    /// time counts as not healthy.
     pub async fn store_healthy(&self) -> bool {
-        self.store.check_writable().await.is_ok()
+        tokio::time::timeout(Duration::from_secs(1), self.store.check_writable())
+            .await
+            .is_ok_and(|r| r.is_ok())
     }
 
     pub fn notices(&self) -> broadcast::Receiver<Notice> {

@@ -1,0 +1,840 @@
+//! Scale-out, end to end: several herald replicas (processes, each with its own identity)
+//! sharing one real PostgreSQL, dividing the shards through Leases on a real kube-apiserver,
+//! delivering to real receivers on 127.0.0.1.
+
+mod support;
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+use support::control_plane::ControlPlane;
+use support::herald::{secret, subscription};
+use support::operator::Operator;
+use support::postgres::Postgres;
+use support::receiver::Receiver;
+
+const LEASES: &str = "herald-system";
+const SHARDS: &str = "12";
+const LEASE_SECONDS: &str = "6";
+
+fn namespace(name: &str) -> Value {
+    json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
+}
+
+/// A producer ServiceAccount that may publish in `namespace`.
+fn producer(namespace: &str) -> Vec<Value> {
+    vec![
+        json!({"apiVersion": "v1", "kind": "ServiceAccount",
+               "metadata": {"name": "producer", "namespace": namespace}}),
+        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+               "metadata": {"name": "producer", "namespace": namespace},
+               "rules": [{"apiGroups": ["herald.dev"], "resources": ["webhookevents"], "verbs": ["create"]}]}),
+        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+               "metadata": {"name": "producer", "namespace": namespace},
+               "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "producer"},
+               "subjects": [{"kind": "ServiceAccount", "name": "producer", "namespace": namespace}]}),
+    ]
+}
+
+/// `herald run` flags of one replica sharing `pg`.
+fn replica_args<'a>(pg: &'a Postgres, id: &'a str) -> Vec<&'a str> {
+    vec![
+        "--store",
+        &pg.url,
+        "--shard-leases",
+        "--shards",
+        SHARDS,
+        "--shard-lease-seconds",
+        LEASE_SECONDS,
+        "--lease-namespace",
+        LEASES,
+        "--replica-id",
+        id,
+        "--status-interval-seconds",
+        "1",
+    ]
+}
+
+async fn replica(cp: &ControlPlane, pg: &Postgres, id: &str) -> Operator {
+    Operator::start(cp, &replica_args(pg, id)).await
+}
+
+/// Waits until the shard Leases' holders satisfy `done`; how long that took.
+async fn wait_for_holders(
+    cp: &ControlPlane,
+    what: &str,
+    done: impl Fn(&BTreeMap<u32, String>) -> bool,
+) -> Duration {
+    let start = Instant::now();
+    loop {
+        let holders = shard_holders(cp);
+        if done(&holders) {
+            return start.elapsed();
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "{what}: {holders:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Holder of every shard Lease that is held and not expired, by shard.
+fn shard_holders(cp: &ControlPlane) -> BTreeMap<u32, String> {
+    let out = cp.kubectl_ok(&[
+        "get",
+        "leases",
+        "-n",
+        LEASES,
+        "-l",
+        "herald.dev/lease=shard",
+        "-o",
+        "json",
+    ]);
+    let list: Value = serde_json::from_str(&out).unwrap();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64;
+    let mut holders = BTreeMap::new();
+    for lease in list["items"].as_array().unwrap() {
+        let name = lease["metadata"]["name"].as_str().unwrap();
+        let shard: u32 = name.trim_start_matches("herald-shard-").parse().unwrap();
+        let holder = lease["spec"]["holderIdentity"].as_str().unwrap_or("");
+        let renewed = lease["spec"]["renewTime"]
+            .as_str()
+            .and_then(|t| t.parse::<k8s_openapi::jiff::Timestamp>().ok())
+            .map_or(0, |t| t.as_millisecond());
+        let seconds = lease["spec"]["leaseDurationSeconds"].as_i64().unwrap_or(0);
+        if !holder.is_empty() && renewed + seconds * 1000 > now {
+            holders.insert(shard, holder.to_string());
+        }
+    }
+    holders
+}
+
+/// Subscriptions: `per_namespace` in each of `namespaces`, each matching one event type of
+/// its own and posting to a path of its own.
+fn tenants(
+    receiver: &Receiver,
+    namespaces: usize,
+    per_namespace: usize,
+) -> (Vec<Value>, Vec<(String, String)>) {
+    let mut manifests = Vec::new();
+    let mut types = Vec::new();
+    for n in 0..namespaces {
+        let ns = format!("t{n}");
+        manifests.push(namespace(&ns));
+        manifests.push(secret(&ns));
+        manifests.extend(producer(&ns));
+        for s in 0..per_namespace {
+            let event_type = format!("e.{n}.{s}");
+            manifests.push(subscription(
+                &ns,
+                &format!("s{s}"),
+                &receiver.url(&format!("/{ns}/s{s}")),
+                &[&event_type],
+                json!({"delivery": {"retry": {"initialBackoff": "100ms", "maxBackoff": "1s"}}}),
+            ));
+            types.push((ns.clone(), event_type));
+        }
+    }
+    (manifests, types)
+}
+
+/// Every subscription's status once each has been written by its shard's holder.
+async fn statuses_written(cp: &ControlPlane, expected: usize, deadline: Duration) -> Vec<Value> {
+    let start = Instant::now();
+    loop {
+        let out = cp.kubectl_ok(&["get", "whsub", "-A", "-o", "json"]);
+        let items: Value = serde_json::from_str(&out).unwrap();
+        let items = items["items"].as_array().unwrap().clone();
+        let done = items
+            .iter()
+            .filter(|i| i["status"]["shard"].is_u64() && i["status"]["pendingAttempts"] == 0)
+            .count();
+        if done == expected {
+            return items;
+        }
+        assert!(
+            start.elapsed() < deadline,
+            "statuses: {done} of {expected} written with nothing pending"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+fn tokens(cp: &ControlPlane, namespaces: usize) -> HashMap<String, String> {
+    (0..namespaces)
+        .map(|n| (format!("t{n}"), cp.token(&format!("t{n}"), "producer")))
+        .collect()
+}
+
+/// 32 producers publishing `events` events, round robin over the replicas in `bases`; an
+/// answer other than 202 is retried on the next replica (the event id makes it idempotent).
+struct Load {
+    bases: Arc<Mutex<Vec<String>>>,
+    acknowledged: Arc<Mutex<HashSet<String>>>,
+    /// Every answer other than 202, by status (0: no answer).
+    refused: Arc<Mutex<BTreeMap<u16, usize>>>,
+    producers: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Load {
+    fn start(
+        replicas: &[Operator],
+        tokens: HashMap<String, String>,
+        types: Vec<(String, String)>,
+        events: usize,
+    ) -> Self {
+        let bases: Arc<Mutex<Vec<String>>> = Arc::new(Mutex::new(
+            replicas.iter().map(|r| r.base.clone()).collect(),
+        ));
+        let acknowledged: Arc<Mutex<HashSet<String>>> = Arc::default();
+        let refused: Arc<Mutex<BTreeMap<u16, usize>>> = Arc::default();
+        let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let http = reqwest::Client::new();
+        let (tokens, types) = (Arc::new(tokens), Arc::new(types));
+        let producers = (0..32)
+            .map(|p| {
+                let (bases, acknowledged, refused, next, http, tokens, types) = (
+                    bases.clone(),
+                    acknowledged.clone(),
+                    refused.clone(),
+                    next.clone(),
+                    http.clone(),
+                    tokens.clone(),
+                    types.clone(),
+                );
+                tokio::spawn(async move {
+                    let mut turn = p;
+                    loop {
+                        let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        if i >= events {
+                            return;
+                        }
+                        let (ns, event_type) = &types[i % types.len()];
+                        let id = format!("evt-{i}");
+                        let body = json!({"id": id, "type": event_type, "data": {"i": i}});
+                        for attempt in 0.. {
+                            assert!(attempt < 600, "event {id} never acknowledged");
+                            let base = {
+                                let bases = bases.lock().unwrap();
+                                turn += 1;
+                                bases[turn % bases.len()].clone()
+                            };
+                            let answer = http
+                                .post(format!("{base}/v1/namespaces/{ns}/events"))
+                                .bearer_auth(&tokens[ns])
+                                .json(&body)
+                                .timeout(Duration::from_secs(10))
+                                .send()
+                                .await;
+                            let status = answer.as_ref().map_or(0, |r| r.status().as_u16());
+                            if status == 202 {
+                                acknowledged.lock().unwrap().insert(id.clone());
+                                break;
+                            }
+                            *refused.lock().unwrap().entry(status).or_default() += 1;
+                            tokio::time::sleep(Duration::from_millis(50)).await;
+                        }
+                    }
+                })
+            })
+            .collect();
+        Self {
+            bases,
+            acknowledged,
+            refused,
+            producers,
+        }
+    }
+
+    /// Stops sending to this replica.
+    fn without(&self, replica: &Operator) {
+        self.bases.lock().unwrap().retain(|b| *b != replica.base);
+    }
+
+    /// Sends to this replica too.
+    fn with(&self, replica: &Operator) {
+        self.bases.lock().unwrap().push(replica.base.clone());
+    }
+
+    /// How many events have been acknowledged so far.
+    fn acknowledged(&self) -> usize {
+        self.acknowledged.lock().unwrap().len()
+    }
+
+    /// Answers other than 202 so far, by status (0: no answer).
+    fn refused(&self) -> BTreeMap<u16, usize> {
+        self.refused.lock().unwrap().clone()
+    }
+
+    /// Waits for every producer; the acknowledged event ids.
+    async fn finish(self) -> HashSet<String> {
+        for producer in self.producers {
+            producer.await.unwrap();
+        }
+        self.acknowledged.lock().unwrap().clone()
+    }
+}
+
+/// Waits until every acknowledged event has arrived, verified; every hit.
+async fn delivered(
+    receiver: &Receiver,
+    acknowledged: &HashSet<String>,
+) -> Vec<support::receiver::Hit> {
+    let hits = receiver
+        .wait_until(
+            "every acknowledged event",
+            Duration::from_secs(300),
+            |hits| {
+                let ids: HashSet<&str> = hits.iter().map(|h| h.header("webhook-id")).collect();
+                acknowledged.iter().all(|id| ids.contains(id.as_str()))
+            },
+        )
+        .await;
+    assert!(hits.iter().all(|h| h.verified), "an unverified delivery");
+    hits
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_replicas_lose_nothing_when_one_is_killed() {
+    let Some(cp) = ControlPlane::start() else {
+        return;
+    };
+    let Some(pg) = Postgres::start() else {
+        return;
+    };
+    cp.apply(&[namespace(LEASES)]);
+    let receiver = Receiver::start().await;
+    let (manifests, types) = tenants(&receiver, 5, 60);
+    cp.apply(&manifests);
+
+    let mut replicas = Vec::new();
+    for id in ["replica-0", "replica-1", "replica-2"] {
+        replicas.push(replica(&cp, &pg, id).await);
+    }
+    wait_for_holders(&cp, "shards spread over three replicas", |h| {
+        h.len() == 12 && h.values().collect::<HashSet<_>>().len() == 3
+    })
+    .await;
+
+    let tokens = tokens(&cp, 5);
+    const EVENTS: usize = 20_000;
+    let load = Load::start(&replicas, tokens, types, EVENTS);
+
+    // Kill one replica half way through.
+    receiver
+        .wait_until("half the events delivered", Duration::from_secs(300), |h| {
+            h.len() >= EVENTS / 2
+        })
+        .await;
+    let mut killed = replicas.pop().unwrap();
+    load.without(&killed);
+    let killed_at = Instant::now();
+    let lost: Vec<u32> = shard_holders(&cp)
+        .into_iter()
+        .filter(|(_, h)| h == "replica-2")
+        .map(|(s, _)| s)
+        .collect();
+    killed.kill();
+    let takeover = loop {
+        let holders = shard_holders(&cp);
+        if lost
+            .iter()
+            .all(|s| holders.get(s).is_some_and(|h| h != "replica-2"))
+        {
+            break killed_at.elapsed();
+        }
+        assert!(
+            killed_at.elapsed() < Duration::from_secs(60),
+            "shards {lost:?} not taken over: {holders:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+
+    let acknowledged = load.finish().await;
+    assert_eq!(acknowledged.len(), EVENTS);
+    let hits = delivered(&receiver, &acknowledged).await;
+    let mut seen = HashSet::new();
+    let duplicates = hits
+        .iter()
+        .filter(|h| !seen.insert(h.header("webhook-id").to_string()))
+        .count();
+    eprintln!(
+        "scale-out: {EVENTS} events acknowledged and delivered over 3 replicas, one killed; \
+         {duplicates} duplicates; shards {lost:?} taken over {:.1} s after the kill (lease {LEASE_SECONDS} s)",
+        takeover.as_secs_f64()
+    );
+
+    // Status: every subscription's written by its shard's current holder, naming the shard.
+    let statuses = statuses_written(&cp, 300, Duration::from_secs(60)).await;
+    let shards: HashSet<u64> = statuses
+        .iter()
+        .filter_map(|i| i["status"]["shard"].as_u64())
+        .collect();
+    assert!(
+        shards.len() > 1 && shards.iter().all(|s| *s < 12),
+        "{shards:?}"
+    );
+    epochs_only_rise(&pg).await;
+}
+
+/// Every recorded taking of each shard has a higher epoch than the one before it: at any
+/// time the store accepts claims under one epoch per shard, held by one replica.
+async fn epochs_only_rise(pg: &Postgres) -> usize {
+    let store = herald::store::postgres::PostgresStore::connect(&pg.url)
+        .await
+        .unwrap();
+    let history = herald::store::Store::shard_history(&store).await.unwrap();
+    let mut last: BTreeMap<u32, (i64, String)> = BTreeMap::new();
+    for taking in &history {
+        if let Some((epoch, holder)) = last.get(&taking.shard) {
+            assert!(
+                taking.epoch > *epoch,
+                "shard {}: epoch {} ({}) after {epoch} ({holder})",
+                taking.shard,
+                taking.epoch,
+                taking.holder
+            );
+        }
+        last.insert(taking.shard, (taking.epoch, taking.holder.clone()));
+    }
+    history.len()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scaling_from_one_to_three_and_back_loses_nothing() {
+    let Some(cp) = ControlPlane::start() else {
+        return;
+    };
+    let Some(pg) = Postgres::start() else {
+        return;
+    };
+    cp.apply(&[namespace(LEASES)]);
+    let receiver = Receiver::start().await;
+    let (manifests, types) = tenants(&receiver, 3, 20);
+    cp.apply(&manifests);
+
+    let first = replica(&cp, &pg, "replica-0").await;
+    wait_for_holders(&cp, "one replica holds every shard", |h| {
+        h.len() == 12 && h.values().all(|r| r == "replica-0")
+    })
+    .await;
+
+    const EVENTS: usize = 6_000;
+    let mut replicas = vec![first];
+    let load = Load::start(&replicas, tokens(&cp, 3), types, EVENTS);
+    receiver
+        .wait_until("a first third delivered", Duration::from_secs(120), |h| {
+            h.len() >= EVENTS / 3
+        })
+        .await;
+    for id in ["replica-1", "replica-2"] {
+        let added = replica(&cp, &pg, id).await;
+        load.with(&added);
+        replicas.push(added);
+    }
+    let up = wait_for_holders(&cp, "three replicas share the shards", |h| {
+        h.len() == 12 && h.values().collect::<HashSet<_>>().len() == 3
+    })
+    .await;
+    receiver
+        .wait_until("two thirds delivered", Duration::from_secs(120), |h| {
+            h.len() >= 2 * EVENTS / 3
+        })
+        .await;
+    // Back to one: a graceful stop releases the Leases, so replica-0 takes them at once.
+    for mut gone in replicas.drain(1..) {
+        load.without(&gone);
+        assert_eq!(
+            gone.terminate(Duration::from_secs(30)),
+            Some(0),
+            "{}",
+            gone.log()
+        );
+    }
+    let down = wait_for_holders(&cp, "one replica holds every shard again", |h| {
+        h.len() == 12 && h.values().all(|r| r == "replica-0")
+    })
+    .await;
+    let acknowledged = load.finish().await;
+    assert_eq!(acknowledged.len(), EVENTS);
+    let hits = delivered(&receiver, &acknowledged).await;
+    let takings = epochs_only_rise(&pg).await;
+    eprintln!(
+        "scale 1 → 3 → 1: {EVENTS} events, {} duplicates; spread over three in {:.1} s, back \
+         to one in {:.1} s; {takings} takings recorded, epochs rising per shard",
+        hits.len() - EVENTS,
+        up.as_secs_f64(),
+        down.as_secs_f64()
+    );
+    assert!(
+        takings >= 12 + 8,
+        "too few takings for 12 shards moving twice: {takings}"
+    );
+}
+
+/// The shard of every subscription, "namespace/name" → shard, from their status.
+fn shards_by_status(cp: &ControlPlane) -> HashMap<String, u64> {
+    let out = cp.kubectl_ok(&["get", "whsub", "-A", "-o", "json"]);
+    let items: Value = serde_json::from_str(&out).unwrap();
+    items["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|i| {
+            let key = format!(
+                "{}/{}",
+                i["metadata"]["namespace"].as_str()?,
+                i["metadata"]["name"].as_str()?
+            );
+            Some((key, i["status"]["shard"].as_u64()?))
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_replica_starts_nothing_for_the_shards_it_lost() {
+    let Some(cp) = ControlPlane::start() else {
+        return;
+    };
+    let Some(pg) = Postgres::start() else {
+        return;
+    };
+    cp.apply(&[namespace(LEASES)]);
+    let receiver = Receiver::start().await;
+    let (manifests, types) = tenants(&receiver, 2, 12);
+    cp.apply(&manifests);
+    let logged = ["--log-level", "info,herald::attempts=debug"];
+    let active = Operator::start(
+        &cp,
+        &[replica_args(&pg, "replica-0"), logged.to_vec()].concat(),
+    )
+    .await;
+    let paused = Operator::start(
+        &cp,
+        &[replica_args(&pg, "replica-1"), logged.to_vec()].concat(),
+    )
+    .await;
+    let spread =
+        |h: &BTreeMap<u32, String>| h.len() == 12 && h.values().collect::<HashSet<_>>().len() == 2;
+    wait_for_holders(&cp, "two replicas share the shards", spread).await;
+    let tokens = tokens(&cp, 2);
+    let all = 24 * 4;
+
+    // Both deliver; then, with nothing in flight, replica-1 is stopped past its Lease.
+    let first = Load::start(
+        std::slice::from_ref(&active),
+        tokens.clone(),
+        types.clone(),
+        all,
+    );
+    delivered(&receiver, &first.finish().await).await;
+    assert!(
+        paused.log().contains("\"kind\":\"attempt\""),
+        "replica-1 made no attempt before the pause: the test would prove nothing"
+    );
+    paused.signal("STOP");
+    wait_for_holders(&cp, "replica-0 takes every shard", |h| {
+        h.len() == 12 && h.values().all(|r| r == "replica-0")
+    })
+    .await;
+    let offset = paused.log().len();
+    let resumed_ms = k8s_openapi::jiff::Timestamp::now().as_millisecond();
+    paused.signal("CONT");
+
+    // Events for every subscription while replica-1 wakes up and rejoins.
+    let types_later: Vec<(String, String)> = types.iter().cloned().cycle().take(all * 3).collect();
+    let second = Load::start(std::slice::from_ref(&active), tokens, types_later, all * 3);
+    let mut acknowledged = second.finish().await;
+    acknowledged.extend((0..all).map(|i| format!("evt-{i}")));
+    delivered(&receiver, &acknowledged).await;
+    wait_for_holders(&cp, "the shards spread again", spread).await;
+
+    // Every attempt replica-1 logged after it resumed is for a shard it took again after
+    // the resume, never for one it lost while stopped.
+    let store = herald::store::postgres::PostgresStore::connect(&pg.url)
+        .await
+        .unwrap();
+    let history = herald::store::Store::shard_history(&store).await.unwrap();
+    let retaken: HashSet<u32> = history
+        .iter()
+        .filter(|t| t.holder == "replica-1" && t.at_ms >= resumed_ms)
+        .map(|t| t.shard)
+        .collect();
+    let shards = shards_by_status(&cp);
+    let log = paused.log();
+    let mut after = 0;
+    for line in log[offset..]
+        .lines()
+        .filter(|l| l.contains("\"kind\":\"attempt\""))
+    {
+        let json = &line[line.find('{').unwrap()..];
+        let notice: Value = serde_json::from_str(json).unwrap();
+        let key = format!(
+            "{}/{}",
+            notice["namespace"].as_str().unwrap(),
+            notice["name"].as_str().unwrap()
+        );
+        let shard = shards[&key] as u32;
+        assert!(
+            retaken.contains(&shard),
+            "replica-1 attempted {key} (shard {shard}) after resuming without taking its shard again (took {retaken:?})"
+        );
+        after += 1;
+    }
+    eprintln!(
+        "paused replica: {after} attempts after resuming, all in shards {retaken:?} it took again"
+    );
+    epochs_only_rise(&pg).await;
+}
+
+/// Polls /readyz until it answers `status`; how long that took.
+async fn readyz_becomes(replica: &Operator, status: u16, deadline: Duration) -> Duration {
+    let start = Instant::now();
+    let http = reqwest::Client::new();
+    loop {
+        let answer = http
+            .get(format!("{}/readyz", replica.health))
+            .timeout(Duration::from_secs(2))
+            .send()
+            .await;
+        if answer.is_ok_and(|r| r.status() == status) {
+            return start.elapsed();
+        }
+        assert!(
+            start.elapsed() < deadline,
+            "/readyz never answered {status}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_postgres_restart_during_delivery_loses_nothing() {
+    let Some(cp) = ControlPlane::start() else {
+        return;
+    };
+    let Some(pg) = Postgres::start() else {
+        return;
+    };
+    cp.apply(&[namespace(LEASES)]);
+    let receiver = Receiver::start().await;
+    let (manifests, types) = tenants(&receiver, 1, 4);
+    cp.apply(&manifests);
+    let herald = replica(&cp, &pg, "replica-0").await;
+    wait_for_holders(&cp, "the replica takes every shard", |h| h.len() == 12).await;
+
+    const EVENTS: usize = 3_000;
+    let load = Load::start(std::slice::from_ref(&herald), tokens(&cp, 1), types, EVENTS);
+    // Stop the database while producers are still publishing.
+    let start = Instant::now();
+    while load.acknowledged() < EVENTS / 4 {
+        assert!(
+            start.elapsed() < Duration::from_secs(120),
+            "publishing stalled"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    pg.stop();
+    let noticed = readyz_becomes(&herald, 503, Duration::from_secs(30)).await;
+    // Publishing goes on against the stopped database for a while.
+    let before = load.refused().get(&503).copied().unwrap_or(0);
+    let outage = Instant::now();
+    while load.refused().get(&503).copied().unwrap_or(0) < before + 20 {
+        assert!(
+            outage.elapsed() < Duration::from_secs(30),
+            "no 503 while the database was down: {:?}",
+            load.refused()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    pg.restart();
+    let recovered = readyz_becomes(&herald, 200, Duration::from_secs(60)).await;
+    let refused = load.refused();
+    let acknowledged = load.finish().await;
+    assert_eq!(acknowledged.len(), EVENTS);
+    let hits = delivered(&receiver, &acknowledged).await;
+    assert!(
+        refused.keys().all(|status| *status == 503),
+        "answers other than 202 and 503 while the database was down: {refused:?}"
+    );
+    eprintln!(
+        "PostgreSQL restart: not ready {:.1} s after the stop, ready {:.1} s after the start; \
+         {refused:?} answers other than 202; {EVENTS} acknowledged events all delivered, {} duplicates",
+        noticed.as_secs_f64(),
+        recovered.as_secs_f64(),
+        hits.len() - EVENTS
+    );
+}
+
+/// Three replicas on PostgreSQL, sharing the shards, with producer rights in `ns`.
+async fn three_replicas(cp: &ControlPlane, pg: &Postgres, ns: &str) -> Vec<Operator> {
+    cp.apply(&[namespace(LEASES), namespace(ns), secret(ns)]);
+    cp.apply(&producer(ns));
+    let mut replicas = Vec::new();
+    for id in ["replica-0", "replica-1", "replica-2"] {
+        replicas.push(replica(cp, pg, id).await);
+    }
+    wait_for_holders(cp, "shards spread over three replicas", |h| {
+        h.len() == 12 && h.values().collect::<HashSet<_>>().len() == 3
+    })
+    .await;
+    replicas
+}
+
+/// RFC 0215 §A on three replicas: eight receivers that accept and never answer do not
+/// delay a ninth subscription, whichever replicas their shards are on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rfc_0215_a_isolation_holds_across_three_replicas() {
+    let Some(cp) = ControlPlane::start() else {
+        return;
+    };
+    let Some(pg) = Postgres::start() else {
+        return;
+    };
+    let ns = "iso";
+    let replicas = three_replicas(&cp, &pg, ns).await;
+    let receiver = Receiver::start().await;
+    let mut manifests = Vec::new();
+    for i in 0..8 {
+        let path = format!("/held-{i}");
+        receiver.set(&path, support::receiver::Behaviour::Hang);
+        manifests.push(subscription(
+            ns,
+            &format!("held-{i}"),
+            &receiver.url(&path),
+            &["run.started"],
+            json!({"delivery": {"timeout": "60s"}}),
+        ));
+    }
+    manifests.push(subscription(
+        ns,
+        "healthy",
+        &receiver.url("/healthy"),
+        &["run.completed"],
+        json!({}),
+    ));
+    cp.apply(&manifests);
+    for i in 0..8 {
+        cp.wait_ready(ns, &format!("whsub/held-{i}"));
+    }
+    cp.wait_ready(ns, "whsub/healthy");
+    let token = cp.token(ns, "producer");
+    replicas[0]
+        .publish(ns, &token, json!({"type": "run.started", "data": {}}))
+        .await;
+    receiver
+        .wait_until("eight held attempts open", Duration::from_secs(30), |h| {
+            h.len() >= 8
+        })
+        .await;
+    let published = Instant::now();
+    replicas[1]
+        .publish(ns, &token, json!({"type": "run.completed", "data": {}}))
+        .await;
+    let hits = receiver
+        .wait_until("the healthy attempt", Duration::from_secs(20), |h| {
+            h.iter().any(|h| h.path == "/healthy")
+        })
+        .await;
+    let healthy = hits.iter().find(|h| h.path == "/healthy").unwrap();
+    assert!(healthy.verified);
+    assert_eq!(
+        hits.iter().filter(|h| h.path != "/healthy").count(),
+        8,
+        "a held attempt was retried"
+    );
+    eprintln!(
+        "§A on three replicas: the healthy delivery arrived {:.0} ms after its publish with 8 held",
+        healthy.at.duration_since(published).as_secs_f64() * 1000.0
+    );
+}
+
+/// RFC 0215 §B on three replicas: once a subscription's deletion has gone through (the
+/// finalizer's purge ran on whichever replica reconciled it), no replica starts an attempt
+/// for it, while a control on the same receiver keeps being retried.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rfc_0215_b_deletion_stops_every_replica() {
+    let Some(cp) = ControlPlane::start() else {
+        return;
+    };
+    let Some(pg) = Postgres::start() else {
+        return;
+    };
+    let ns = "unreg";
+    let replicas = three_replicas(&cp, &pg, ns).await;
+    let receiver = Receiver::start().await;
+    receiver.set("/control", support::receiver::Behaviour::Status(500));
+    receiver.set("/target", support::receiver::Behaviour::Status(500));
+    let fast_retries = json!({"disableAfterConsecutiveFailures": 0, "delivery": {"timeout": "2s", "retry": {
+        "maxAttempts": 1000, "initialBackoff": "50ms", "maxBackoff": "400ms", "maxDuration": "1h"
+    }}});
+    cp.apply(&[
+        subscription(
+            ns,
+            "control",
+            &receiver.url("/control"),
+            &["run.completed"],
+            fast_retries.clone(),
+        ),
+        subscription(
+            ns,
+            "target",
+            &receiver.url("/target"),
+            &["run.completed"],
+            fast_retries,
+        ),
+    ]);
+    cp.wait_ready(ns, "whsub/control");
+    cp.wait_ready(ns, "whsub/target");
+    let token = cp.token(ns, "producer");
+    for (i, replica) in replicas.iter().cycle().take(6).enumerate() {
+        replica
+            .publish(
+                ns,
+                &token,
+                json!({"id": format!("evt-{i}"), "type": "run.completed", "data": {}}),
+            )
+            .await;
+    }
+    receiver
+        .wait_until(
+            "the target's first answered attempts",
+            Duration::from_secs(30),
+            |h| h.iter().filter(|h| h.path == "/target").count() >= 6,
+        )
+        .await;
+    // `kubectl delete` returns once the finalizer has purged and let the object go.
+    cp.kubectl_ok(&["delete", "whsub", "target", "-n", ns, "--timeout=60s"]);
+    let removed_at = Instant::now();
+    let quiet_from = removed_at + Duration::from_secs(5);
+    tokio::time::sleep_until(tokio::time::Instant::from_std(
+        quiet_from + Duration::from_secs(4),
+    ))
+    .await;
+    let hits = receiver.hits();
+    let late_target = hits
+        .iter()
+        .filter(|h| h.path == "/target" && h.at > quiet_from)
+        .count();
+    let late_control = hits
+        .iter()
+        .filter(|h| h.path == "/control" && h.at > quiet_from)
+        .count();
+    eprintln!(
+        "§B on three replicas: control retried {late_control} times after the removal + 5 s, target {late_target}"
+    );
+    assert!(
+        late_control >= 2,
+        "the control was not retried: the test proves nothing"
+    );
+    assert_eq!(
+        late_target, 0,
+        "attempts for the deleted subscription after the removal + 5 s"
+    );
+}
