@@ -13,7 +13,7 @@ use super::clock::now_ms;
 
 use serde::Serialize;
 use serde_json::value::RawValue;
-use tokio::sync::{Notify, broadcast};
+use tokio::sync::{Notify, broadcast, mpsc};
 use tracing::Instrument;
 
 use super::SubscriptionConfig;
@@ -24,8 +24,8 @@ use super::retry::{self, Decision};
 use super::scheduler::Scheduler;
 use super::shards::Ownership;
 use crate::store::{
-    self, AttemptRecord, Claim, DeliveryView, NewEvent, Next, PublishResult, StateFilter, Store,
-    SubscriptionRecord, SubscriptionState,
+    self, AttemptRecord, Claim, DeliveryView, NewEvent, NewWork, Next, PublishResult, StateFilter,
+    Store, SubscriptionRecord, SubscriptionState,
 };
 
 /// Engine-wide limits; every default is in `herald run --help`.
@@ -633,7 +633,38 @@ impl Engine {
                 }
             }
         });
+        if self.ownership.get().is_some()
+            && let Some(work) = self.store.new_work()
+        {
+            tokio::spawn(self.clone().follow_new_work(work));
+        }
         tokio::spawn(async move { engine.dispatch().await })
+    }
+
+    /// Shared by shards, other replicas publish too: wakes the lanes the store says got work
+    /// (their own publishes wake nothing here), or, when notices may have been missed, every
+    /// lane with unfinished work.
+    async fn follow_new_work(self: Arc<Self>, mut work: mpsc::UnboundedReceiver<NewWork>) {
+        while let Some(notice) = work.recv().await {
+            let uids = match notice {
+                NewWork::Subscriptions(uids) => uids,
+                NewWork::Unknown => match self.store.pending_by_subscription().await {
+                    Ok(pending) => pending.into_iter().map(|(uid, _, _)| uid).collect(),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "cannot list unfinished work after missing notices");
+                        continue;
+                    }
+                },
+            };
+            let mut inner = self.lock();
+            for uid in &uids {
+                if inner.subs.contains_key(uid) {
+                    inner.scheduler.wake(uid);
+                }
+            }
+            drop(inner);
+            self.wakeup.notify_one();
+        }
     }
 
     /// Pending and in-flight attempts and quota waits per namespace, for `/metrics`.

@@ -144,6 +144,14 @@ pub enum Next {
     DeadLetter,
 }
 
+/// Subscriptions that got new due work in a store several processes share.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum NewWork {
+    Subscriptions(Vec<String>),
+    /// Notices may have been missed (a reconnect, or too many to name): look at everything.
+    Unknown,
+}
+
 /// One recorded taking of a shard.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "camelCase")]
@@ -266,6 +274,13 @@ pub trait Store: Send + Sync + 'static {
     async fn take_shard(&self, shard: u32, holder: &str, epoch: i64, now_ms: i64) -> Result<bool> {
         let _ = (shard, holder, epoch, now_ms);
         Err(Error::Backend("this store does not fence by shard".into()))
+    }
+
+    /// With several processes sharing the store: the subscriptions other processes (and this
+    /// one) gave new due work, as their commits happen. None for a store only one process
+    /// uses. After [`NewWork::Unknown`] some notices may have been missed.
+    fn new_work(&self) -> Option<tokio::sync::mpsc::UnboundedReceiver<NewWork>> {
+        None
     }
 
     /// Every recorded taking of a shard, oldest first.

@@ -88,6 +88,8 @@ pub struct PostgresStore {
     synced: PgPool,
     /// `synchronous_commit = off`: claims, attempt results, pruning, and reads.
     relaxed: PgPool,
+    /// One connection, for LISTEN (see [`Store::new_work`]).
+    listen: PgPool,
 }
 
 /// The migrations, for sqlx's migrator.
@@ -279,14 +281,24 @@ impl PostgresStore {
                 })
             })
             .connect_lazy_with(options.clone());
-        let relaxed = pool().connect_lazy_with(options.options([("synchronous_commit", "off")]));
-        Ok(Self { synced, relaxed })
+        let relaxed =
+            pool().connect_lazy_with(options.clone().options([("synchronous_commit", "off")]));
+        let listen = PgPoolOptions::new()
+            .max_connections(1)
+            .acquire_timeout(ACQUIRE_TIMEOUT)
+            .connect_lazy_with(options);
+        Ok(Self {
+            synced,
+            relaxed,
+            listen,
+        })
     }
 
-    /// Closes both pools (their connections end at once).
+    /// Closes the pools (their connections end at once).
     pub async fn close(&self) {
         self.synced.close().await;
         self.relaxed.close().await;
+        self.listen.close().await;
     }
 }
 
@@ -435,8 +447,14 @@ impl Store for PostgresStore {
                          INSERT INTO deliveries (event, sub_uid, state, due_ms, window_start_ms)
                          SELECT ev.id, live.uid, 0, $5, $5 FROM ev, live
                          RETURNING sub_uid
+                     ), notified AS (
+                         SELECT pg_notify('herald_new_work', CASE
+                             WHEN sum(length(sub_uid) + 1) > 7000 THEN '*'
+                             ELSE string_agg(sub_uid, ',') END)
+                         FROM made HAVING count(*) > 0
                      )
-                     SELECT EXISTS (SELECT 1 FROM ev), coalesce(array_agg(sub_uid), ARRAY[]::text[])
+                     SELECT EXISTS (SELECT 1 FROM ev), coalesce(array_agg(sub_uid), ARRAY[]::text[]),
+                            (SELECT count(*) FROM notified)
                      FROM made",
                 )
                 .bind(&event.namespace)
@@ -471,6 +489,59 @@ impl Store for PostgresStore {
             ))
         })
         .await
+    }
+
+    /// Publishes and replays NOTIFY `herald_new_work` with the subscriptions they gave work
+    /// (in the same transaction, so a notice arrives only once the work is committed); this
+    /// listens, and says [`NewWork::Unknown`] after every (re)connection, when notices may
+    /// have been missed.
+    fn new_work(&self) -> Option<tokio::sync::mpsc::UnboundedReceiver<NewWork>> {
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        let pool = self.listen.clone();
+        tokio::spawn(async move {
+            let mut delay = Duration::from_millis(200);
+            while !tx.is_closed() {
+                let mut listener = match sqlx_postgres::PgListener::connect_with(&pool).await {
+                    Ok(listener) => listener,
+                    Err(e) => {
+                        tracing::warn!(error = %classify(e), "cannot listen for new work yet");
+                        tokio::time::sleep(delay).await;
+                        delay = (delay * 2).min(Duration::from_secs(5));
+                        continue;
+                    }
+                };
+                if let Err(e) = listener.listen("herald_new_work").await {
+                    tracing::warn!(error = %classify(e), "cannot listen for new work yet");
+                    tokio::time::sleep(delay).await;
+                    continue;
+                }
+                delay = Duration::from_millis(200);
+                if tx.send(NewWork::Unknown).is_err() {
+                    return;
+                }
+                loop {
+                    let notice = match listener.try_recv().await {
+                        Ok(Some(n)) => match n.payload() {
+                            "*" => NewWork::Unknown,
+                            uids => NewWork::Subscriptions(
+                                uids.split(',').map(str::to_string).collect(),
+                            ),
+                        },
+                        // Reconnected: what was sent meanwhile is lost.
+                        Ok(None) => NewWork::Unknown,
+                        Err(e) => {
+                            tracing::warn!(error = %classify(e), "listening for new work failed; listening again");
+                            break;
+                        }
+                    };
+                    if tx.send(notice).is_err() {
+                        return;
+                    }
+                }
+                tokio::time::sleep(delay).await;
+            }
+        });
+        Some(rx)
     }
 
     async fn check_writable(&self) -> Result<()> {
@@ -748,19 +819,25 @@ impl Store for PostgresStore {
                 "WITH sub AS MATERIALIZED (
                      SELECT uid, namespace FROM subscriptions WHERE uid = $1 AND live FOR SHARE
                  )
-                 UPDATE deliveries SET state = 0, attempts = 0, due_ms = $2,
-                     window_start_ms = $2, finished_ms = NULL
-                 WHERE sub_uid = (SELECT uid FROM sub) AND state = 3
-                   AND ($3::text[] IS NULL OR event IN (
-                       SELECT id FROM events
-                       WHERE event_id = ANY($3) AND namespace = (SELECT namespace FROM sub)))",
+                 , replayed AS (
+                     UPDATE deliveries SET state = 0, attempts = 0, due_ms = $2,
+                         window_start_ms = $2, finished_ms = NULL
+                     WHERE sub_uid = (SELECT uid FROM sub) AND state = 3
+                       AND ($3::text[] IS NULL OR event IN (
+                           SELECT id FROM events
+                           WHERE event_id = ANY($3) AND namespace = (SELECT namespace FROM sub)))
+                     RETURNING 1
+                 ), notified AS (
+                     SELECT pg_notify('herald_new_work', $1) FROM replayed HAVING count(*) > 0
+                 )
+                 SELECT count(*), (SELECT count(*) FROM notified) FROM replayed",
             )
             .bind(uid)
             .bind(now_ms)
             .bind(event_ids)
-            .execute(&self.synced)
+            .fetch_one(&self.synced)
             .await?
-            .rows_affected())
+            .try_get::<i64, _>(0)? as u64)
         })
         .await
     }

@@ -61,6 +61,9 @@ impl<S: Store> Store for Timed<S> {
     async fn shard_history(&self) -> Result<Vec<ShardTaking>> {
         self.0.shard_history().await
     }
+    fn new_work(&self) -> Option<tokio::sync::mpsc::UnboundedReceiver<NewWork>> {
+        self.0.new_work()
+    }
     async fn complete(
         &self,
         delivery_id: i64,
