@@ -89,6 +89,11 @@ impl StatusWriter {
         self.book.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// Whether a reconcile has recorded the subscription.
+    pub fn knows(&self, uid: &str) -> bool {
+        self.book().entries.contains_key(uid)
+    }
+
     /// What was known of the subscription before this reconcile (None the first time).
     pub fn entry(&self, uid: &str) -> Option<Entry> {
         self.book().entries.get(uid).cloned()

@@ -137,6 +137,33 @@ fn referencing(
         .collect()
 }
 
+/// Waits until every subscription of the first full list has been reconciled once (or is
+/// being deleted), so that a replica reporting ready routes an event to every subscription
+/// that existed when it started; after two minutes it stops waiting and says so.
+async fn reconciled_once(listed: &Store<WebhookSubscription>, ctx: &Context) {
+    let mut left: Vec<String> = listed
+        .state()
+        .iter()
+        .filter(|o| o.meta().deletion_timestamp.is_none())
+        .filter_map(|o| o.uid())
+        .collect();
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(120);
+    loop {
+        left.retain(|uid| !ctx.status.knows(uid));
+        if left.is_empty() {
+            return;
+        }
+        if tokio::time::Instant::now() > deadline {
+            tracing::warn!(
+                left = left.len(),
+                "subscriptions not reconciled two minutes after the first list; reporting ready anyway"
+            );
+            return;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+}
+
 /// Runs the subscription controllers (one per watched namespace, or one for all) until
 /// the process ends. `synced` is told when every cache has its first full list.
 pub async fn run_subscriptions(
@@ -156,13 +183,18 @@ pub async fn run_subscriptions(
         // Told from the stream itself: kube-runtime's Store::wait_until_ready wakes only one
         // of several waiters, and the controller is already one.
         let synced = synced.clone();
+        let (listed, ready_ctx) = (reader.clone(), ctx.clone());
         let subscriptions = watcher(api, watcher::Config::default())
             .default_backoff()
             .modify(trim_for_cache)
             .reflect(writer)
             .inspect(move |event| {
                 if let Ok(watcher::Event::InitDone) = event {
-                    let _ = synced.send(());
+                    let (listed, ctx, synced) = (listed.clone(), ready_ctx.clone(), synced.clone());
+                    tokio::spawn(async move {
+                        reconciled_once(&listed, &ctx).await;
+                        let _ = synced.send(());
+                    });
                 }
             })
             .applied_objects()
