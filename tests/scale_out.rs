@@ -189,6 +189,17 @@ impl Load {
         types: Vec<(String, String)>,
         events: usize,
     ) -> Self {
+        Self::start_from(replicas, tokens, types, events, 0)
+    }
+
+    /// As [`Load::start`], with event ids from `offset` on.
+    fn start_from(
+        replicas: &[Operator],
+        tokens: HashMap<String, String>,
+        types: Vec<(String, String)>,
+        events: usize,
+        offset: usize,
+    ) -> Self {
         let bases: Arc<Mutex<Vec<String>>> = Arc::new(Mutex::new(
             replicas.iter().map(|r| r.base.clone()).collect(),
         ));
@@ -216,7 +227,7 @@ impl Load {
                             return;
                         }
                         let (ns, event_type) = &types[i % types.len()];
-                        let id = format!("evt-{i}");
+                        let id = format!("evt-{}", i + offset);
                         let body = json!({"id": id, "type": event_type, "data": {"i": i}});
                         for attempt in 0.. {
                             assert!(attempt < 600, "event {id} never acknowledged");
@@ -837,4 +848,81 @@ async fn rfc_0215_b_deletion_stops_every_replica() {
         late_target, 0,
         "attempts for the deleted subscription after the removal + 5 s"
     );
+}
+
+/// Not part of the test command: end-to-end throughput in cluster mode with the embedded
+/// store (one replica), PostgreSQL with one replica and PostgreSQL with three, measured in
+/// one run against the same receiver, as ratios to the embedded store. Run it with a
+/// release build:
+/// `cargo test --release --test scale_out -- --ignored --nocapture throughput`.
+#[tokio::test(flavor = "multi_thread")]
+#[ignore]
+async fn throughput_with_one_and_three_replicas() {
+    let Some(cp) = ControlPlane::start() else {
+        return;
+    };
+    let Some(pg) = Postgres::start() else {
+        return;
+    };
+    cp.apply(&[namespace(LEASES)]);
+    let receiver = Receiver::start().await;
+    let (manifests, types) = tenants(&receiver, 4, 8);
+    cp.apply(&manifests);
+    let tokens = tokens(&cp, 4);
+    let events: usize = std::env::var("HERALD_THROUGHPUT_EVENTS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(10_000);
+    let mut rates = Vec::new();
+    let mut offset = 0;
+    for (label, store, count) in [
+        ("embedded store, 1 replica", false, 1),
+        ("PostgreSQL, 1 replica", true, 1),
+        ("PostgreSQL, 3 replicas", true, 3),
+    ] {
+        let mut replicas = Vec::new();
+        for i in 0..count {
+            let id = format!("replica-{i}");
+            replicas.push(if store {
+                replica(&cp, &pg, &id).await
+            } else {
+                Operator::start(&cp, &[]).await
+            });
+        }
+        if store {
+            wait_for_holders(&cp, "shards spread", |h| {
+                h.len() == 12 && h.values().collect::<HashSet<_>>().len() == count
+            })
+            .await;
+        }
+        // Event ids differ per run, so no run is a repeat of another.
+        let before = receiver.count();
+        let run_types: Vec<(String, String)> = types.clone();
+        let started = Instant::now();
+        let load = Load::start_from(&replicas, tokens.clone(), run_types, events, offset);
+        let acknowledged = load.finish().await;
+        assert_eq!(acknowledged.len(), events);
+        receiver
+            .wait_until(label, Duration::from_secs(600), |h| {
+                h.len() >= before + events
+            })
+            .await;
+        let rate = events as f64 / started.elapsed().as_secs_f64();
+        eprintln!("throughput, {label}: {rate:.0} events/s end to end");
+        rates.push((label, rate));
+        offset += events;
+        for mut r in replicas {
+            r.terminate(Duration::from_secs(30));
+        }
+        if store {
+            wait_for_holders(&cp, "leases released", |h| h.is_empty()).await;
+        }
+    }
+    let base = rates[0].1;
+    for (label, rate) in &rates {
+        eprintln!(
+            "| {label} | {rate:.0}/s | {:.2} × the embedded store |",
+            rate / base
+        );
+    }
 }
