@@ -440,12 +440,21 @@ def test_scaled_out_lease_rights_stop_at_herald_namespace(installed, tmp_path, r
                 if resource != LEASES and can_i(cp, verb, resource, ns)]
     assert not allowed, f"herald's ServiceAccount may: {allowed}"
 
-    # herald with the chart's token, sharing by Leases in herald-system as the chart runs it.
+    # herald with the chart's token, sharing by Leases in herald-system as the chart runs it,
+    # on a PostgreSQL store (scripts/postgres: Debian's server in a private folder).
     kubeconfig = cp.token_kubeconfig(tmp_path / "kubeconfig", cp.token("herald-system", "herald"))
     shards = 4
-    sharing = Herald(herald_binary(), kubeconfig, tmp_path, "--watch-namespace", "shop",
-                     "--shard-leases", "--lease-namespace", "herald-system",
-                     "--shards", str(shards), "--shard-lease-seconds", "3")
+    pg_dir = tmp_path / "postgres"
+    postgres = REPO / "scripts" / "postgres"
+    url = subprocess.run([str(postgres), "up", "--dir", str(pg_dir)], check=True,
+                         capture_output=True, text=True).stdout.strip()
+    try:
+        sharing = Herald(herald_binary(), kubeconfig, tmp_path, "--watch-namespace", "shop",
+                         "--store", url, "--shard-leases", "--lease-namespace", "herald-system",
+                         "--shards", str(shards), "--shard-lease-seconds", "3")
+    except BaseException:
+        subprocess.run([str(postgres), "down", "--dir", str(pg_dir)], check=False)
+        raise
     identity = "herald-chart-test"  # POD_NAME, as in the chart
 
     def holders():
@@ -466,6 +475,7 @@ def test_scaled_out_lease_rights_stop_at_herald_namespace(installed, tmp_path, r
         cp.kubectl("delete", "webhooksubscription", "sharded", "-n", "shop", "--timeout=60s")
     finally:
         sharing.stop()
+        subprocess.run([str(postgres), "down", "--dir", str(pg_dir)], check=False)
     log = sharing.logs()
     assert "forbidden" not in log.lower(), log
     # Leaving: its shards released (update) and its member Lease deleted (delete).
