@@ -444,7 +444,9 @@ def test_scaled_out_lease_rights_stop_at_herald_namespace(installed, tmp_path, r
     # on a PostgreSQL store (scripts/postgres: Debian's server in a private folder).
     kubeconfig = cp.token_kubeconfig(tmp_path / "kubeconfig", cp.token("herald-system", "herald"))
     shards = 4
-    pg_dir = tmp_path / "postgres"
+    # Not under tmp_path: the server runs as the postgres user, which cannot enter pytest's
+    # private folder; scripts/postgres creates this folder and gives it to that user.
+    pg_dir = Path("/tmp") / f"herald-pg-chart-{os.getpid()}"
     postgres = REPO / "scripts" / "postgres"
     url = subprocess.run([str(postgres), "up", "--dir", str(pg_dir)], check=True,
                          capture_output=True, text=True).stdout.strip()
