@@ -45,6 +45,8 @@ pub struct Hit {
     pub body: Vec<u8>,
     pub at: Instant,
     pub verified: bool,
+    /// The status answered; None for a request held without an answer.
+    pub answered: Option<u16>,
 }
 
 impl Hit {
@@ -223,44 +225,52 @@ async fn handle(
         .signer
         .verify(pairs.iter().copied(), &body, now, Duration::from_secs(300))
         .is_ok();
-    let hit = Hit {
-        path: path.clone(),
-        headers: pairs
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect(),
-        body: body.to_vec(),
-        at: Instant::now(),
-        verified,
-    };
     let seen = {
         let mut counters = shared.counters.lock().unwrap();
         let n = counters.entry(path.clone()).or_default();
         *n += 1;
         *n
     };
-    shared.hits.lock().unwrap().push(hit);
-    shared.changed.notify_waiters();
+    let at = Instant::now();
     let behaviour = shared.behaviours.lock().unwrap().get(&path).cloned();
     let status = |s: u16| StatusCode::from_u16(s).unwrap();
-    match behaviour {
-        None => StatusCode::NO_CONTENT.into_response(),
-        Some(Behaviour::Status(s)) => status(s).into_response(),
+    let response = match behaviour {
+        None => Some(StatusCode::NO_CONTENT.into_response()),
+        Some(Behaviour::Status(s)) => Some(status(s).into_response()),
         Some(Behaviour::RetryAfterOnce(s, value)) if seen == 1 => {
-            (status(s), [("retry-after", value)]).into_response()
+            Some((status(s), [("retry-after", value)]).into_response())
         }
-        Some(Behaviour::RetryAfterOnce(..)) => StatusCode::NO_CONTENT.into_response(),
+        Some(Behaviour::RetryAfterOnce(..)) => Some(StatusCode::NO_CONTENT.into_response()),
         Some(Behaviour::RetryAfterDateOnce(s, ahead)) if seen == 1 => {
             let date = httpdate::fmt_http_date(std::time::SystemTime::now() + ahead);
-            (status(s), [("retry-after", date)]).into_response()
+            Some((status(s), [("retry-after", date)]).into_response())
         }
-        Some(Behaviour::RetryAfterDateOnce(..)) => StatusCode::NO_CONTENT.into_response(),
+        Some(Behaviour::RetryAfterDateOnce(..)) => Some(StatusCode::NO_CONTENT.into_response()),
         Some(Behaviour::Script(list)) => {
-            status(list[(seen - 1).min(list.len() - 1)]).into_response()
+            Some(status(list[(seen - 1).min(list.len() - 1)]).into_response())
         }
-        Some(Behaviour::Hang) => std::future::pending().await,
-        Some(Behaviour::Redirect(to)) => (StatusCode::FOUND, [("location", to)]).into_response(),
-        Some(Behaviour::BigBody(n)) => (StatusCode::OK, "x".repeat(n)).into_response(),
+        Some(Behaviour::Hang) => None,
+        Some(Behaviour::Redirect(to)) => {
+            Some((StatusCode::FOUND, [("location", to)]).into_response())
+        }
+        Some(Behaviour::BigBody(n)) => Some((StatusCode::OK, "x".repeat(n)).into_response()),
+    };
+    // Recorded before the answer leaves, with the status it carries.
+    shared.hits.lock().unwrap().push(Hit {
+        path,
+        headers: pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+        body: body.to_vec(),
+        at,
+        verified,
+        answered: response.as_ref().map(|r| r.status().as_u16()),
+    });
+    shared.changed.notify_waiters();
+    match response {
+        Some(response) => response,
+        None => std::future::pending().await,
     }
 }
 
