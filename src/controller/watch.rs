@@ -50,9 +50,6 @@ impl Scope {
     }
 }
 
-/// Before dispatching anything after a start: every subscription the store holds as live
-/// whose object is gone, or is being deleted, is purged and fenced now. Fails (and herald
-/// does not start delivering) when the API server cannot be listed.
 /// What the cache keeps of a WebhookSubscription: neither managedFields nor annotations
 /// other than herald's own (kubectl's last-applied-configuration alone is a copy of the whole
 /// object), which herald never reads; with 100,000 subscriptions that is most of the cache.
@@ -62,6 +59,9 @@ fn trim_for_cache(obj: &mut WebhookSubscription) {
         .retain(|key, _| key.starts_with("herald.dev/"));
 }
 
+/// Before dispatching anything after a start: every subscription the store holds as live
+/// whose object is gone, or is being deleted, is purged and fenced now. Fails (and herald
+/// does not start delivering) when the API server cannot be listed.
 pub async fn purge_deleted_while_down(
     client: &kube::Client,
     engine: &Engine,
