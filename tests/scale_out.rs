@@ -13,7 +13,7 @@ use support::control_plane::ControlPlane;
 use support::herald::{secret, subscription};
 use support::operator::Operator;
 use support::postgres::Postgres;
-use support::receiver::Receiver;
+use support::receiver::{Behaviour, Receiver};
 
 const LEASES: &str = "herald-system";
 const SHARDS: &str = "12";
@@ -115,6 +115,23 @@ fn shard_holders(cp: &ControlPlane) -> BTreeMap<u32, String> {
     holders
 }
 
+/// What every test here starts from: the control plane, PostgreSQL, herald's Lease
+/// namespace, a receiver, and [`tenants`] applied (none when `namespaces` is 0).
+async fn cluster(
+    namespaces: usize,
+    per_namespace: usize,
+) -> Option<(ControlPlane, Postgres, Receiver, Vec<(String, String)>)> {
+    let cp = ControlPlane::start()?;
+    let pg = Postgres::start()?;
+    cp.apply(&[namespace(LEASES)]);
+    let receiver = Receiver::start().await;
+    let (manifests, types) = tenants(&receiver, namespaces, per_namespace);
+    if !manifests.is_empty() {
+        cp.apply(&manifests);
+    }
+    Some((cp, pg, receiver, types))
+}
+
 /// Subscriptions: `per_namespace` in each of `namespaces`, each matching one event type of
 /// its own and posting to a path of its own.
 fn tenants(
@@ -136,7 +153,9 @@ fn tenants(
                 &format!("s{s}"),
                 &receiver.url(&format!("/{ns}/s{s}")),
                 &[&event_type],
-                json!({"delivery": {"retry": {"initialBackoff": "100ms", "maxBackoff": "1s"}}}),
+                json!({"delivery": {"retry": {
+                    "initialBackoff": "100ms", "maxBackoff": "1s", "maxAttempts": 100
+                }}}),
             ));
             types.push((ns.clone(), event_type));
         }
@@ -292,7 +311,8 @@ impl Load {
     }
 }
 
-/// Waits until every acknowledged event has arrived, verified; every hit.
+/// Waits until every acknowledged event has been delivered (answered 2xx), verified; every
+/// hit.
 async fn delivered(
     receiver: &Receiver,
     acknowledged: &HashSet<String>,
@@ -302,7 +322,11 @@ async fn delivered(
             "every acknowledged event",
             Duration::from_secs(300),
             |hits| {
-                let ids: HashSet<&str> = hits.iter().map(|h| h.header("webhook-id")).collect();
+                let ids: HashSet<&str> = hits
+                    .iter()
+                    .filter(|h| h.answered.is_some_and(|s| (200..300).contains(&s)))
+                    .map(|h| h.header("webhook-id"))
+                    .collect();
                 acknowledged.iter().all(|id| ids.contains(id.as_str()))
             },
         )
@@ -313,16 +337,9 @@ async fn delivered(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_replicas_lose_nothing_when_one_is_killed() {
-    let Some(cp) = ControlPlane::start() else {
+    let Some((cp, pg, receiver, types)) = cluster(5, 60).await else {
         return;
     };
-    let Some(pg) = Postgres::start() else {
-        return;
-    };
-    cp.apply(&[namespace(LEASES)]);
-    let receiver = Receiver::start().await;
-    let (manifests, types) = tenants(&receiver, 5, 60);
-    cp.apply(&manifests);
 
     let mut replicas = Vec::new();
     for id in ["replica-0", "replica-1", "replica-2"] {
@@ -419,16 +436,9 @@ async fn epochs_only_rise(pg: &Postgres) -> usize {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn scaling_from_one_to_three_and_back_loses_nothing() {
-    let Some(cp) = ControlPlane::start() else {
+    let Some((cp, pg, receiver, types)) = cluster(3, 20).await else {
         return;
     };
-    let Some(pg) = Postgres::start() else {
-        return;
-    };
-    cp.apply(&[namespace(LEASES)]);
-    let receiver = Receiver::start().await;
-    let (manifests, types) = tenants(&receiver, 3, 20);
-    cp.apply(&manifests);
 
     let first = replica(&cp, &pg, "replica-0").await;
     wait_for_holders(&cp, "one replica holds every shard", |h| {
@@ -508,19 +518,51 @@ fn shards_by_status(cp: &ControlPlane) -> HashMap<String, u64> {
         .collect()
 }
 
+/// Attempts a replica logged (`herald::attempts=debug`): namespace/name, the status code
+/// and when it started (Unix ms: the log line's timestamp less the attempt's latency).
+fn attempts_logged(log: &str) -> Vec<(String, Option<u64>, i64)> {
+    log.lines()
+        .filter(|l| l.contains("\"kind\":\"attempt\""))
+        .map(|line| {
+            let notice: Value = serde_json::from_str(&line[line.find('{').unwrap()..]).unwrap();
+            let key = format!(
+                "{}/{}",
+                notice["namespace"].as_str().unwrap(),
+                notice["name"].as_str().unwrap()
+            );
+            let at: k8s_openapi::jiff::Timestamp =
+                line.split_whitespace().next().unwrap().parse().unwrap();
+            let latency = notice["latencyMs"].as_i64().unwrap();
+            (
+                key,
+                notice["statusCode"].as_u64(),
+                at.as_millisecond() - latency,
+            )
+        })
+        .collect()
+}
+
+/// Lanes a replica woke for shards it did not hold (`herald::shards=debug`), by shard.
+fn refused_for_shards(log: &str) -> Vec<u32> {
+    log.lines()
+        .filter(|l| l.contains("does not hold: not started"))
+        .map(|l| {
+            let at = l.find("shard=").unwrap() + "shard=".len();
+            let digits: String = l[at..].chars().take_while(char::is_ascii_digit).collect();
+            digits.parse().unwrap()
+        })
+        .collect()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_paused_replica_starts_nothing_for_the_shards_it_lost() {
-    let Some(cp) = ControlPlane::start() else {
+    let Some((cp, pg, receiver, types)) = cluster(2, 12).await else {
         return;
     };
-    let Some(pg) = Postgres::start() else {
-        return;
-    };
-    cp.apply(&[namespace(LEASES)]);
-    let receiver = Receiver::start().await;
-    let (manifests, types) = tenants(&receiver, 2, 12);
-    cp.apply(&manifests);
-    let logged = ["--log-level", "info,herald::attempts=debug"];
+    let logged = [
+        "--log-level",
+        "info,herald::attempts=debug,herald::shards=debug",
+    ];
     let active = Operator::start(
         &cp,
         &[replica_args(&pg, "replica-0"), logged.to_vec()].concat(),
@@ -537,69 +579,152 @@ async fn a_paused_replica_starts_nothing_for_the_shards_it_lost() {
     let tokens = tokens(&cp, 2);
     let all = 24 * 4;
 
-    // Both deliver; then, with nothing in flight, replica-1 is stopped past its Lease.
+    // Both deliver.
     let first = Load::start(
         std::slice::from_ref(&active),
         tokens.clone(),
         types.clone(),
         all,
     );
-    delivered(&receiver, &first.finish().await).await;
+    let mut acknowledged = first.finish().await;
+    delivered(&receiver, &acknowledged).await;
     assert!(
-        paused.log().contains("\"kind\":\"attempt\""),
+        !attempts_logged(&paused.log()).is_empty(),
         "replica-1 made no attempt before the pause: the test would prove nothing"
     );
+
+    // Then every receiver fails, so replica-1 owes retries for its shards when it stops.
+    let paths: Vec<String> = (0..2)
+        .flat_map(|n| (0..12).map(move |s| format!("/t{n}/s{s}")))
+        .collect();
+    for path in &paths {
+        receiver.set(path, Behaviour::Status(503));
+    }
+    let offset = paused.log().len();
+    let owed = Load::start_from(
+        std::slice::from_ref(&active),
+        tokens.clone(),
+        types.clone(),
+        24,
+        all,
+    );
+    let owed = owed.finish().await;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !attempts_logged(&paused.log()[offset..])
+        .iter()
+        .any(|(_, status, _)| *status == Some(503))
+    {
+        assert!(
+            Instant::now() < deadline,
+            "replica-1 never failed an attempt"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let held_at_pause: HashSet<u32> = shard_holders(&cp)
+        .into_iter()
+        .filter(|(_, holder)| holder == "replica-1")
+        .map(|(shard, _)| shard)
+        .collect();
     paused.signal("STOP");
+    // The subscriptions replica-1 owes retries for, in the shards it is about to lose.
+    let shards = shards_by_status(&cp);
+    let lost_paths: HashSet<String> = owed
+        .iter()
+        .filter_map(|id| {
+            let n: usize = id.trim_start_matches("evt-").parse().unwrap();
+            let (ns, event_type) = &types[(n - all) % types.len()];
+            let s = event_type.rsplit('.').next().unwrap();
+            let shard = shards[&format!("{ns}/s{s}")] as u32;
+            held_at_pause
+                .contains(&shard)
+                .then(|| format!("/{ns}/s{s}"))
+        })
+        .collect();
+    assert!(
+        !lost_paths.is_empty(),
+        "nothing owed in replica-1's shards: the test would prove nothing"
+    );
     wait_for_holders(&cp, "replica-0 takes every shard", |h| {
         h.len() == 12 && h.values().all(|r| r == "replica-0")
     })
     .await;
+
+    // Resumed while those retries are still due (the receivers still fail): replica-1's
+    // lanes for them wake, and must start nothing. Watched until replica-0 has retried
+    // each of them twice since the resume, by which time every timer of replica-1 fired.
     let offset = paused.log().len();
     let resumed_ms = k8s_openapi::jiff::Timestamp::now().as_millisecond();
+    let resumed = Instant::now();
     paused.signal("CONT");
+    receiver
+        .wait_until(
+            "two retries of each owed delivery after the resume",
+            Duration::from_secs(60),
+            |hits| {
+                lost_paths.iter().all(|path| {
+                    hits.iter()
+                        .filter(|h| h.path == *path && h.at > resumed)
+                        .count()
+                        >= 2
+                })
+            },
+        )
+        .await;
+    let woke = refused_for_shards(&paused.log()[offset..]);
+    assert!(
+        woke.iter().any(|s| held_at_pause.contains(s)),
+        "replica-1 woke no lane of a shard it lost: the test would prove nothing"
+    );
+    for path in &paths {
+        receiver.set(path, Behaviour::Status(204));
+    }
 
-    // Events for every subscription while replica-1 wakes up and rejoins.
+    // Events for every subscription while replica-1 rejoins; everything arrives.
     let types_later: Vec<(String, String)> = types.iter().cloned().cycle().take(all * 3).collect();
-    let second = Load::start(std::slice::from_ref(&active), tokens, types_later, all * 3);
-    let mut acknowledged = second.finish().await;
-    acknowledged.extend((0..all).map(|i| format!("evt-{i}")));
+    let second = Load::start_from(
+        std::slice::from_ref(&active),
+        tokens,
+        types_later,
+        all * 3,
+        all + 24,
+    );
+    acknowledged.extend(second.finish().await);
+    acknowledged.extend(owed.iter().cloned());
     delivered(&receiver, &acknowledged).await;
     wait_for_holders(&cp, "the shards spread again", spread).await;
 
     // Every attempt replica-1 logged after it resumed is for a shard it took again after
-    // the resume, never for one it lost while stopped.
+    // the resume, never for one it lost while stopped; the lanes it still had due for lost
+    // shards woke and started nothing.
     let store = herald::store::postgres::PostgresStore::connect(&pg.url)
         .await
         .unwrap();
     let history = herald::store::Store::shard_history(&store).await.unwrap();
-    let retaken: HashSet<u32> = history
+    // When replica-1 took each shard again after resuming.
+    let mut retaken: BTreeMap<u32, i64> = BTreeMap::new();
+    for t in history
         .iter()
         .filter(|t| t.holder == "replica-1" && t.at_ms >= resumed_ms)
-        .map(|t| t.shard)
-        .collect();
-    let shards = shards_by_status(&cp);
-    let log = paused.log();
-    let mut after = 0;
-    for line in log[offset..]
-        .lines()
-        .filter(|l| l.contains("\"kind\":\"attempt\""))
     {
-        let json = &line[line.find('{').unwrap()..];
-        let notice: Value = serde_json::from_str(json).unwrap();
-        let key = format!(
-            "{}/{}",
-            notice["namespace"].as_str().unwrap(),
-            notice["name"].as_str().unwrap()
-        );
-        let shard = shards[&key] as u32;
+        retaken.entry(t.shard).or_insert(t.at_ms);
+    }
+    let log = paused.log();
+    // (Those logged after the resume that started before the pause are not in question.)
+    let after: Vec<_> = attempts_logged(&log[offset..])
+        .into_iter()
+        .filter(|(_, _, started_ms)| *started_ms >= resumed_ms)
+        .collect();
+    for (key, _, at_ms) in &after {
+        let shard = shards[key] as u32;
         assert!(
-            retaken.contains(&shard),
-            "replica-1 attempted {key} (shard {shard}) after resuming without taking its shard again (took {retaken:?})"
+            retaken.get(&shard).is_some_and(|taken| taken <= at_ms),
+            "replica-1 started an attempt for {key} (shard {shard}) at {at_ms} after resuming, before taking its shard again (took {retaken:?})"
         );
-        after += 1;
     }
     eprintln!(
-        "paused replica: {after} attempts after resuming, all in shards {retaken:?} it took again"
+        "paused replica: after resuming, {} lanes woke in shards it lost and started nothing; {} attempts, all in shards it had taken again ({retaken:?})",
+        woke.iter().filter(|s| held_at_pause.contains(s)).count(),
+        after.len()
     );
     epochs_only_rise(&pg).await;
 }
@@ -627,16 +752,9 @@ async fn readyz_becomes(replica: &Operator, status: u16, deadline: Duration) -> 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_postgres_restart_during_delivery_loses_nothing() {
-    let Some(cp) = ControlPlane::start() else {
+    let Some((cp, pg, receiver, types)) = cluster(1, 4).await else {
         return;
     };
-    let Some(pg) = Postgres::start() else {
-        return;
-    };
-    cp.apply(&[namespace(LEASES)]);
-    let receiver = Receiver::start().await;
-    let (manifests, types) = tenants(&receiver, 1, 4);
-    cp.apply(&manifests);
     let herald = replica(&cp, &pg, "replica-0").await;
     wait_for_holders(&cp, "the replica takes every shard", |h| h.len() == 12).await;
 
@@ -702,19 +820,15 @@ async fn three_replicas(cp: &ControlPlane, pg: &Postgres, ns: &str) -> Vec<Opera
 /// delay a ninth subscription, whichever replicas their shards are on.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rfc_0215_a_isolation_holds_across_three_replicas() {
-    let Some(cp) = ControlPlane::start() else {
-        return;
-    };
-    let Some(pg) = Postgres::start() else {
+    let Some((cp, pg, receiver, _)) = cluster(0, 0).await else {
         return;
     };
     let ns = "iso";
     let replicas = three_replicas(&cp, &pg, ns).await;
-    let receiver = Receiver::start().await;
     let mut manifests = Vec::new();
     for i in 0..8 {
         let path = format!("/held-{i}");
-        receiver.set(&path, support::receiver::Behaviour::Hang);
+        receiver.set(&path, Behaviour::Hang);
         manifests.push(subscription(
             ns,
             &format!("held-{i}"),
@@ -771,17 +885,13 @@ async fn rfc_0215_a_isolation_holds_across_three_replicas() {
 /// for it, while a control on the same receiver keeps being retried.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rfc_0215_b_deletion_stops_every_replica() {
-    let Some(cp) = ControlPlane::start() else {
-        return;
-    };
-    let Some(pg) = Postgres::start() else {
+    let Some((cp, pg, receiver, _)) = cluster(0, 0).await else {
         return;
     };
     let ns = "unreg";
     let replicas = three_replicas(&cp, &pg, ns).await;
-    let receiver = Receiver::start().await;
-    receiver.set("/control", support::receiver::Behaviour::Status(500));
-    receiver.set("/target", support::receiver::Behaviour::Status(500));
+    receiver.set("/control", Behaviour::Status(500));
+    receiver.set("/target", Behaviour::Status(500));
     let fast_retries = json!({"disableAfterConsecutiveFailures": 0, "delivery": {"timeout": "2s", "retry": {
         "maxAttempts": 1000, "initialBackoff": "50ms", "maxBackoff": "400ms", "maxDuration": "1h"
     }}});
@@ -858,16 +968,9 @@ async fn rfc_0215_b_deletion_stops_every_replica() {
 #[tokio::test(flavor = "multi_thread")]
 #[ignore]
 async fn throughput_with_one_and_three_replicas() {
-    let Some(cp) = ControlPlane::start() else {
+    let Some((cp, pg, receiver, types)) = cluster(4, 8).await else {
         return;
     };
-    let Some(pg) = Postgres::start() else {
-        return;
-    };
-    cp.apply(&[namespace(LEASES)]);
-    let receiver = Receiver::start().await;
-    let (manifests, types) = tenants(&receiver, 4, 8);
-    cp.apply(&manifests);
     let tokens = tokens(&cp, 4);
     let events: usize = std::env::var("HERALD_THROUGHPUT_EVENTS")
         .ok()

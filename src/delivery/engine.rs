@@ -658,7 +658,8 @@ impl Engine {
             };
             let mut inner = self.lock();
             for uid in &uids {
-                if inner.subs.contains_key(uid) {
+                // Lanes of shards held elsewhere would only wake to rest again.
+                if inner.subs.contains_key(uid) && self.holds_shard_of(uid) {
                     inner.scheduler.wake(uid);
                 }
             }
@@ -769,7 +770,16 @@ impl Engine {
             Some(ownership) => match ownership.fence(ownership.shard_of(uid)) {
                 Some(fence) => self.store.claim_fenced(uid, now_ms(), fence).await,
                 // Not this replica's shard (now): the lane rests until the shard is taken.
-                None => Ok(Claim::Idle { next_due_ms: None }),
+                None => {
+                    tracing::debug!(
+                        target: "herald::shards",
+                        namespace = %config.namespace,
+                        subscription = %config.name,
+                        shard = ownership.shard_of(uid),
+                        "due work in a shard this replica does not hold: not started"
+                    );
+                    Ok(Claim::Idle { next_due_ms: None })
+                }
             },
         };
         let claimed = match claim {
