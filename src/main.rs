@@ -10,3 +10,22 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 fn main() -> ExitCode {
     herald::cli::Cli::parse().run()
 }
+
+/// No transparent huge pages for this process. mimalloc asks for them on its arenas
+/// (madvise), and a 2 MiB huge page is resident as a whole however little of it is used and
+/// is not given back while any of it is: with 10,000 idle subscriptions in cluster mode RSS
+/// was 12 MB higher at start and 0.6 KiB higher per subscription (16 of the arena's 46 MB
+/// resident were huge pages). Run as a constructor, before the Rust runtime's first
+/// allocation reserves mimalloc's first arena, so that no page of it is ever huge.
+#[cfg(target_os = "linux")]
+extern "C" fn disable_transparent_huge_pages() {
+    // SAFETY: prctl(PR_SET_THP_DISABLE) takes plain integers and touches no memory.
+    unsafe {
+        libc::prctl(libc::PR_SET_THP_DISABLE, 1, 0, 0, 0);
+    }
+}
+
+#[cfg(target_os = "linux")]
+#[used]
+#[unsafe(link_section = ".init_array")]
+static DISABLE_TRANSPARENT_HUGE_PAGES: extern "C" fn() = disable_transparent_huge_pages;
