@@ -47,7 +47,9 @@ pub struct Entry {
 
 #[derive(Default)]
 struct Book {
-    entries: HashMap<String, Entry>,
+    /// Boxed: a table keeps up to twice as many slots as entries, and an Entry is hundreds
+    /// of bytes.
+    entries: HashMap<String, Box<Entry>>,
     by_name: HashMap<(String, String), String>,
 }
 
@@ -96,7 +98,7 @@ impl StatusWriter {
 
     /// What was known of the subscription before this reconcile (None the first time).
     pub fn entry(&self, uid: &str) -> Option<Entry> {
-        self.book().entries.get(uid).cloned()
+        self.book().entries.get(uid).map(|e| Entry::clone(e))
     }
 
     /// Records a reconcile's findings. `current` is the status the object carries, used
@@ -105,7 +107,7 @@ impl StatusWriter {
         let mut book = self.book();
         let key = (entry.namespace.clone(), entry.name.clone());
         let uid = entry.uid.clone();
-        let merged = match book.entries.remove(&uid) {
+        let merged = match book.entries.remove(&uid).map(|old| *old) {
             Some(old) => Entry {
                 last_attempt: old.last_attempt,
                 written: old.written,
@@ -124,7 +126,7 @@ impl StatusWriter {
             // Same name, new object: the old one is gone.
             book.entries.remove(&previous);
         }
-        book.entries.insert(uid, merged);
+        book.entries.insert(uid, Box::new(merged));
     }
 
     /// Stops tracking a subscription (its object is gone).
