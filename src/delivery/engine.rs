@@ -42,6 +42,10 @@ pub struct EngineConfig {
     pub history_retention: Duration,
 }
 
+/// With several replicas: how often each takes its count of pending attempts per namespace
+/// from the store again.
+const PENDING_RECOUNT: Duration = Duration::from_secs(2);
+
 /// What happened, for logs and status writers.
 #[derive(Clone, Debug, Serialize)]
 #[serde(tag = "kind", rename_all = "camelCase")]
@@ -633,10 +637,11 @@ impl Engine {
                 }
             }
         });
-        if self.ownership.get().is_some()
-            && let Some(work) = self.store.new_work()
-        {
-            tokio::spawn(self.clone().follow_new_work(work));
+        if self.ownership.get().is_some() {
+            if let Some(work) = self.store.new_work() {
+                tokio::spawn(self.clone().follow_new_work(work));
+            }
+            tokio::spawn(self.clone().recount_pending());
         }
         tokio::spawn(async move { engine.dispatch().await })
     }
@@ -665,6 +670,31 @@ impl Engine {
             }
             drop(inner);
             self.wakeup.notify_one();
+        }
+    }
+
+    /// Shared by shards, a replica accepts events whose attempts other replicas finish (and
+    /// finishes attempts for events others accepted), so its own count of each namespace's
+    /// pending attempts would only drift: it is taken again from the store every
+    /// [`PENDING_RECOUNT`]. The namespace's pending limit then holds across replicas to
+    /// within what they accept in that time.
+    async fn recount_pending(self: Arc<Self>) {
+        let mut every = tokio::time::interval(PENDING_RECOUNT);
+        every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            every.tick().await;
+            let pending = match self.store.pending_by_subscription().await {
+                Ok(pending) => pending,
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot recount pending attempts");
+                    continue;
+                }
+            };
+            let mut counted: HashMap<String, u64> = HashMap::new();
+            for (_, namespace, count) in pending {
+                *counted.entry(namespace).or_default() += count;
+            }
+            self.lock().pending = counted;
         }
     }
 
