@@ -602,8 +602,8 @@ impl FolderSync {
             }
             let engine = self.engine.clone();
             upserts.spawn(async move {
-                let key = (config.namespace.clone(), config.name.clone());
-                let uid = config.uid.clone();
+                let key = (config.namespace.to_string(), config.name.to_string());
+                let uid = config.uid.to_string();
                 engine.upsert(config).await.map(|_| (key, uid, applied))
             });
             if upserts.len() >= CONCURRENT_UPSERTS {

@@ -102,11 +102,14 @@ pub enum EngineError {
     Store(#[from] store::Error),
 }
 
+/// Per subscription the maps below hold the uid, namespace and name of its config (shared
+/// `Arc<str>`s, namespace names once per namespace), never copies.
 struct Inner {
     scheduler: Scheduler,
-    subs: HashMap<String, Arc<SubscriptionConfig>>,
-    by_namespace: HashMap<String, BTreeSet<String>>,
-    by_name: HashMap<(String, String), String>,
+    subs: HashMap<Arc<str>, Arc<SubscriptionConfig>>,
+    by_namespace: HashMap<Arc<str>, BTreeSet<Arc<str>>>,
+    /// namespace → name → uid.
+    by_name: HashMap<Arc<str>, HashMap<Arc<str>, Arc<str>>>,
     timers: BinaryHeap<Reverse<(i64, String)>>,
     timer_at: HashMap<String, i64>,
     pending: HashMap<String, u64>,
@@ -217,7 +220,7 @@ impl Engine {
             return;
         };
         let mut inner = self.lock();
-        let uids: Vec<String> = inner
+        let uids: Vec<Arc<str>> = inner
             .subs
             .keys()
             .filter(|uid| ownership.shard_of(uid) == shard)
@@ -278,7 +281,7 @@ impl Engine {
         inner.pending.clear();
         for (uid, namespace, count) in pending {
             *inner.pending.entry(namespace).or_default() += count;
-            if inner.subs.contains_key(&uid) {
+            if inner.subs.contains_key(uid.as_str()) {
                 inner.scheduler.wake(&uid);
             } else {
                 inner.recovered.insert(uid);
@@ -292,14 +295,14 @@ impl Engine {
     /// Adds or updates a subscription. A uid the store has tombstoned stays removed.
     pub async fn upsert(
         &self,
-        config: SubscriptionConfig,
+        mut config: SubscriptionConfig,
     ) -> Result<SubscriptionState, EngineError> {
         let state = self
             .store
             .upsert_subscription(SubscriptionRecord {
-                uid: config.uid.clone(),
-                namespace: config.namespace.clone(),
-                name: config.name.clone(),
+                uid: config.uid.to_string(),
+                namespace: config.namespace.to_string(),
+                name: config.name.to_string(),
                 paused: config.held(),
                 disable_after: config.disable_after,
                 shard: self.ownership.get().map_or(0, |o| o.shard_of(&config.uid)),
@@ -308,8 +311,19 @@ impl Engine {
         if !state.live {
             return Ok(state);
         }
-        let config = Arc::new(config);
         let mut inner = self.lock();
+        // One copy of each namespace name, and of the uid and name the previous config of
+        // this subscription had.
+        if let Some((namespace, _)) = inner.by_namespace.get_key_value(&*config.namespace) {
+            config.namespace = namespace.clone();
+        }
+        if let Some((uid, old)) = inner.subs.get_key_value(&*config.uid) {
+            config.uid = uid.clone();
+            if old.name == config.name {
+                config.name = old.name.clone();
+            }
+        }
+        let config = Arc::new(config);
         let uid = config.uid.clone();
         inner
             .scheduler
@@ -321,14 +335,16 @@ impl Engine {
             .insert(uid.clone());
         inner
             .by_name
-            .insert((config.namespace.clone(), config.name.clone()), uid.clone());
+            .entry(config.namespace.clone())
+            .or_default()
+            .insert(config.name.clone(), uid.clone());
         // Only a lane that may have due work is woken: one released from hold, or one the
         // store had work for at recovery. A new or merely changed lane has nothing due that a
         // publish, a timer or recovery would not wake it for, and waking every lane would make
         // a start with 100,000 subscriptions ask the store 100,000 times for nothing.
         let held = config.held();
         let was_held = inner.subs.get(&uid).map(|old| old.held());
-        let recovered = inner.recovered.remove(&uid);
+        let recovered = inner.recovered.remove(&*uid);
         inner.subs.insert(uid.clone(), config);
         if !held && (was_held == Some(true) || recovered) {
             inner.scheduler.wake(&uid);
@@ -348,11 +364,17 @@ impl Engine {
             .inc_by(purged);
         let mut inner = self.lock();
         if let Some(config) = inner.subs.remove(uid) {
-            inner
-                .by_name
-                .remove(&(config.namespace.clone(), config.name.clone()));
+            if let Some(names) = inner.by_name.get_mut(&config.namespace) {
+                names.remove(&config.name);
+                if names.is_empty() {
+                    inner.by_name.remove(&config.namespace);
+                }
+            }
             if let Some(set) = inner.by_namespace.get_mut(&config.namespace) {
                 set.remove(uid);
+                if set.is_empty() {
+                    inner.by_namespace.remove(&config.namespace);
+                }
             }
             inner.pending_sub(&config.namespace, purged);
         }
@@ -378,9 +400,7 @@ impl Engine {
 
     pub fn subscription(&self, namespace: &str, name: &str) -> Option<Arc<SubscriptionConfig>> {
         let inner = self.lock();
-        let uid = inner
-            .by_name
-            .get(&(namespace.to_string(), name.to_string()))?;
+        let uid = inner.by_name.get(namespace)?.get(name)?;
         inner.subs.get(uid).cloned()
     }
 
@@ -388,7 +408,7 @@ impl Engine {
         self.lock().subs.values().cloned().collect()
     }
 
-    fn uid_of(&self, namespace: &str, name: &str) -> Result<String, EngineError> {
+    fn uid_of(&self, namespace: &str, name: &str) -> Result<Arc<str>, EngineError> {
         self.subscription(namespace, name)
             .map(|c| c.uid.clone())
             .ok_or_else(|| EngineError::NotFound(format!("{namespace}/{name}")))
@@ -448,7 +468,7 @@ impl Engine {
                 .into_iter()
                 .flatten()
                 .filter(|uid| inner.subs.get(*uid).is_some_and(|c| c.matches(event_type)))
-                .cloned()
+                .map(|uid| uid.to_string())
                 .collect();
             let limit = inner
                 .pending_limits
@@ -664,7 +684,7 @@ impl Engine {
             let mut inner = self.lock();
             for uid in &uids {
                 // Lanes of shards held elsewhere would only wake to rest again.
-                if inner.subs.contains_key(uid) && self.holds_shard_of(uid) {
+                if inner.subs.contains_key(uid.as_str()) && self.holds_shard_of(uid) {
                     inner.scheduler.wake(uid);
                 }
             }
@@ -790,7 +810,7 @@ impl Engine {
     /// One slot of a lane: claim the next due delivery (the fence), send it, record it.
     async fn attempt(self: Arc<Self>, config: Arc<SubscriptionConfig>, epoch: u64) {
         let _running = Running(&self);
-        let uid = config.uid.as_str();
+        let uid = &*config.uid;
         if self.stopping.load(Ordering::Acquire) {
             self.lock().scheduler.release(uid, &config.namespace);
             return;
@@ -943,8 +963,8 @@ impl Engine {
         self.wakeup.notify_one();
 
         let _ = self.notices.send(Notice::Attempt {
-            namespace: config.namespace.clone(),
-            name: config.name.clone(),
+            namespace: config.namespace.to_string(),
+            name: config.name.to_string(),
             event_id: claimed.event_id.clone(),
             attempt: claimed.attempt,
             outcome: result.outcome,
@@ -962,8 +982,8 @@ impl Engine {
         {
             tracing::warn!(namespace = %config.namespace, subscription = %config.name, failures = done.consecutive_failures, "subscription disabled after consecutive failures");
             let _ = self.notices.send(Notice::Disabled {
-                namespace: config.namespace.clone(),
-                name: config.name.clone(),
+                namespace: config.namespace.to_string(),
+                name: config.name.to_string(),
                 consecutive_failures: done.consecutive_failures,
             });
         }
@@ -978,7 +998,7 @@ fn record_metrics(
     completion: Option<&store::Completion>,
 ) {
     let metrics = crate::metrics::get();
-    let namespace = config.namespace.as_str();
+    let namespace = &*config.namespace;
     let outcome = if result.refused {
         "refused"
     } else {
@@ -995,7 +1015,7 @@ fn record_metrics(
     if metrics.subscription_labels() {
         metrics
             .subscription_attempts
-            .with_label_values(&[namespace, config.name.as_str(), outcome])
+            .with_label_values(&[namespace, &*config.name, outcome])
             .inc();
     }
     if !result.refused && config.signer.is_some() {
@@ -1136,9 +1156,9 @@ mod tests {
         }))
         .unwrap();
         let config = SubscriptionConfig::from_spec(
-            "uid-1".into(),
-            "ns".into(),
-            "hook".into(),
+            "uid-1",
+            "ns",
+            "hook",
             &spec,
             Ok(vec!["whsec_AAECAwQFBgcICQoLDA0ODxAREhMUFRYX".into()]),
         )

@@ -12,6 +12,7 @@ pub mod retry;
 pub mod scheduler;
 pub mod shards;
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use reqwest::header::{HeaderName, HeaderValue};
@@ -27,9 +28,11 @@ pub use engine::{Engine, EngineConfig, Notice};
 /// A subscription as the engine runs it: its spec, resolved and checked.
 #[derive(Clone, Debug)]
 pub struct SubscriptionConfig {
-    pub uid: String,
-    pub namespace: String,
-    pub name: String,
+    /// Shared with the engine's indexes (and namespace names between subscriptions), so a
+    /// subscription's identity is stored once however many maps know it.
+    pub uid: Arc<str>,
+    pub namespace: Arc<str>,
+    pub name: Arc<str>,
     pub url: reqwest::Url,
     pub event_types: Vec<String>,
     /// None when the secret could not be resolved; such a subscription is held like a
@@ -48,9 +51,9 @@ impl SubscriptionConfig {
     /// Builds the engine's view of a spec. `secrets` are the resolved secret values in the
     /// spec's order (current first), or the reason they could not be read.
     pub fn from_spec(
-        uid: String,
-        namespace: String,
-        name: String,
+        uid: impl Into<Arc<str>>,
+        namespace: impl Into<Arc<str>>,
+        name: impl Into<Arc<str>>,
         spec: &WebhookSubscriptionSpec,
         secrets: Result<Vec<String>, String>,
     ) -> Result<Self, String> {
@@ -101,9 +104,9 @@ impl SubscriptionConfig {
         };
         let delivery = &spec.delivery;
         Ok(Self {
-            uid,
-            namespace,
-            name,
+            uid: uid.into(),
+            namespace: namespace.into(),
+            name: name.into(),
             url,
             event_types: spec.event_types.clone(),
             signer,

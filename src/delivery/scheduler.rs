@@ -14,10 +14,14 @@
 //! the attempt, and calls [`Scheduler::release`].
 
 use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
 
+/// Lanes, ready queues and the round-robin hold shared names (`Arc<str>`): a lane's uid is
+/// the engine's, and a namespace's name is stored once, so neither a lane nor an attempt
+/// copies a string.
 #[derive(Debug)]
 struct Lane {
-    namespace: String,
+    namespace: Arc<str>,
     width: u32,
     in_flight: u32,
     /// The lane may have due work (set on publish, timer, release; cleared when the store
@@ -33,7 +37,7 @@ struct Lane {
 struct Namespace {
     limit: u32,
     in_flight: u32,
-    ready: VecDeque<String>,
+    ready: VecDeque<Arc<str>>,
     /// Listed in the round-robin of namespaces.
     listed: bool,
     /// Waiting for a slot of the shared pool (listed in `pool_waiters`).
@@ -52,11 +56,11 @@ pub struct Scheduler {
     /// Every attempt on the wire (reserved and pool).
     global_in_flight: u32,
     default_namespace_limit: u32,
-    lanes: HashMap<String, Lane>,
-    namespaces: HashMap<String, Namespace>,
-    round_robin: VecDeque<String>,
+    lanes: HashMap<Arc<str>, Lane>,
+    namespaces: HashMap<Arc<str>, Namespace>,
+    round_robin: VecDeque<Arc<str>>,
     /// Namespaces with due lanes waiting for a pool slot.
-    pool_waiters: VecDeque<String>,
+    pool_waiters: VecDeque<Arc<str>>,
 }
 
 impl Scheduler {
@@ -76,32 +80,46 @@ impl Scheduler {
         }
     }
 
-    fn namespace(&mut self, name: &str) -> &mut Namespace {
-        let default = self.default_namespace_limit;
-        self.namespaces
-            .entry(name.to_string())
-            .or_insert_with(|| Namespace {
-                limit: default,
-                in_flight: 0,
-                ready: VecDeque::new(),
-                listed: false,
-                pool_waiting: false,
-                quota_waits: 0,
-            })
+    /// The namespace's entry and its shared name, made on first use.
+    fn namespace_entry(&mut self, name: &str) -> (Arc<str>, &mut Namespace) {
+        let key = match self.namespaces.get_key_value(name) {
+            Some((key, _)) => key.clone(),
+            None => {
+                let key: Arc<str> = Arc::from(name);
+                self.namespaces.insert(
+                    key.clone(),
+                    Namespace {
+                        limit: self.default_namespace_limit,
+                        in_flight: 0,
+                        ready: VecDeque::new(),
+                        listed: false,
+                        pool_waiting: false,
+                        quota_waits: 0,
+                    },
+                );
+                key
+            }
+        };
+        let ns = self.namespaces.get_mut(name).expect("present or just made");
+        (key, ns)
     }
 
-    /// Adds or reconfigures a lane.
-    pub fn upsert_lane(&mut self, uid: &str, namespace: &str, width: u32) {
-        self.namespace(namespace);
-        match self.lanes.get_mut(uid) {
+    fn namespace(&mut self, name: &str) -> &mut Namespace {
+        self.namespace_entry(name).1
+    }
+
+    /// Adds or reconfigures a lane; `uid` is kept (shared), not copied.
+    pub fn upsert_lane(&mut self, uid: &Arc<str>, namespace: &str, width: u32) {
+        let (namespace, _) = self.namespace_entry(namespace);
+        match self.lanes.get_mut(&**uid) {
             Some(lane) => {
                 lane.width = width.max(1);
             }
             None => {
                 self.lanes.insert(
-                    uid.to_string(),
+                    uid.clone(),
                     Lane {
-                        namespace: namespace.to_string(),
+                        namespace,
                         width: width.max(1),
                         in_flight: 0,
                         wants: false,
@@ -155,16 +173,18 @@ impl Scheduler {
     }
 
     fn enqueue(&mut self, uid: &str) {
-        let Some(lane) = self.lanes.get_mut(uid) else {
+        let Some((uid, lane)) = self.lanes.get_key_value(uid) else {
             return;
         };
         if lane.queued || !lane.wants || lane.in_flight >= lane.width {
             return;
         }
-        lane.queued = true;
-        let namespace = lane.namespace.clone();
+        let (uid, namespace) = (uid.clone(), lane.namespace.clone());
+        if let Some(lane) = self.lanes.get_mut(&uid) {
+            lane.queued = true;
+        }
         let ns = self.namespace(&namespace);
-        ns.ready.push_back(uid.to_string());
+        ns.ready.push_back(uid);
         if ns.in_flight >= ns.limit {
             ns.quota_waits += 1;
         }
@@ -172,15 +192,15 @@ impl Scheduler {
     }
 
     fn relist(&mut self, namespace: &str) {
-        let ns = self.namespace(namespace);
+        let (namespace, ns) = self.namespace_entry(namespace);
         if !ns.listed && !ns.ready.is_empty() && ns.in_flight < ns.limit {
             ns.listed = true;
-            self.round_robin.push_back(namespace.to_string());
+            self.round_robin.push_back(namespace);
         }
     }
 
     /// The next lane to start an attempt, with its slot taken; None when nothing can start.
-    pub fn start_next(&mut self) -> Option<String> {
+    pub fn start_next(&mut self) -> Option<Arc<str>> {
         loop {
             let namespace = self.round_robin.pop_front()?;
             let Some(ns) = self.namespaces.get_mut(&namespace) else {
@@ -258,7 +278,7 @@ impl Scheduler {
     pub fn namespace_stats(&self) -> impl Iterator<Item = (&str, u32, u64)> {
         self.namespaces
             .iter()
-            .map(|(name, ns)| (name.as_str(), ns.in_flight, ns.quota_waits))
+            .map(|(name, ns)| (&**name, ns.in_flight, ns.quota_waits))
     }
 
     pub fn in_flight(&self) -> u32 {
@@ -275,14 +295,14 @@ mod tests {
     use super::*;
 
     fn drain(s: &mut Scheduler) -> Vec<String> {
-        std::iter::from_fn(|| s.start_next()).collect()
+        std::iter::from_fn(|| s.start_next().map(|uid| uid.to_string())).collect()
     }
 
     #[test]
     fn a_busy_lane_never_blocks_another() {
         let mut s = Scheduler::new(100, 50, 0);
         for i in 0..9 {
-            s.upsert_lane(&format!("sub{i}"), "ns", 1);
+            s.upsert_lane(&format!("sub{i}").into(), "ns", 1);
         }
         for i in 0..8 {
             s.wake(&format!("sub{i}"));
@@ -296,8 +316,8 @@ mod tests {
     #[test]
     fn lane_width_bounds_a_subscription() {
         let mut s = Scheduler::new(100, 50, 0);
-        s.upsert_lane("wide", "ns", 3);
-        s.upsert_lane("narrow", "ns", 1);
+        s.upsert_lane(&"wide".into(), "ns", 3);
+        s.upsert_lane(&"narrow".into(), "ns", 1);
         s.wake("wide");
         s.wake("narrow");
         let mut started = drain(&mut s);
@@ -312,11 +332,11 @@ mod tests {
     fn namespace_quota_does_not_hold_other_namespaces() {
         let mut s = Scheduler::new(1000, 16, 0);
         for i in 0..100 {
-            s.upsert_lane(&format!("dead{i}"), "noisy", 1);
+            s.upsert_lane(&format!("dead{i}").into(), "noisy", 1);
             s.wake(&format!("dead{i}"));
         }
         assert_eq!(drain(&mut s).len(), 16, "noisy is held to its quota");
-        s.upsert_lane("healthy", "quiet", 1);
+        s.upsert_lane(&"healthy".into(), "quiet", 1);
         s.wake("healthy");
         assert_eq!(s.start_next().as_deref(), Some("healthy"));
         assert_eq!(s.namespace_in_flight("noisy"), 16);
@@ -330,11 +350,11 @@ mod tests {
     fn namespaces_take_turns_under_the_global_limit() {
         let mut s = Scheduler::new(4, 100, 0);
         for i in 0..50 {
-            s.upsert_lane(&format!("a{i}"), "a", 1);
+            s.upsert_lane(&format!("a{i}").into(), "a", 1);
             s.wake(&format!("a{i}"));
         }
         for i in 0..2 {
-            s.upsert_lane(&format!("b{i}"), "b", 1);
+            s.upsert_lane(&format!("b{i}").into(), "b", 1);
             s.wake(&format!("b{i}"));
         }
         let first = drain(&mut s);
@@ -372,7 +392,7 @@ mod tests {
     #[test]
     fn idle_lanes_are_not_scheduled_and_removed_lanes_vanish() {
         let mut s = Scheduler::new(10, 10, 0);
-        s.upsert_lane("x", "ns", 1);
+        s.upsert_lane(&"x".into(), "ns", 1);
         s.wake("x");
         let seen = s.epoch("x");
         s.wake("x"); // a publish lands after the store said "nothing due"
@@ -395,8 +415,8 @@ mod tests {
     #[test]
     fn raising_a_quota_lets_waiting_lanes_start() {
         let mut s = Scheduler::new(100, 1, 0);
-        s.upsert_lane("a", "ns", 1);
-        s.upsert_lane("b", "ns", 1);
+        s.upsert_lane(&"a".into(), "ns", 1);
+        s.upsert_lane(&"b".into(), "ns", 1);
         s.wake("a");
         s.wake("b");
         assert_eq!(drain(&mut s).len(), 1);
@@ -411,7 +431,7 @@ mod tests {
         let mut s = Scheduler::new(4, 100, 2);
         for ns in ["a", "b", "c"] {
             for i in 0..20 {
-                let uid = format!("{ns}{i}");
+                let uid: Arc<str> = format!("{ns}{i}").into();
                 s.upsert_lane(&uid, ns, 1);
                 s.wake(&uid);
             }
@@ -420,9 +440,9 @@ mod tests {
         assert_eq!(held.len(), 3 * 2 + 4, "{held:?}");
         assert_eq!(s.in_flight(), 10);
         // A quiet namespace starts at once, up to its floor, although the pool is used up.
-        s.upsert_lane("q0", "quiet", 1);
-        s.upsert_lane("q1", "quiet", 1);
-        s.upsert_lane("q2", "quiet", 1);
+        s.upsert_lane(&"q0".into(), "quiet", 1);
+        s.upsert_lane(&"q1".into(), "quiet", 1);
+        s.upsert_lane(&"q2".into(), "quiet", 1);
         for q in ["q0", "q1", "q2"] {
             s.wake(q);
         }
@@ -476,7 +496,7 @@ mod tests {
         }
 
         /// What the scheduler's counters must always agree with.
-        fn check(s: &Scheduler, running: &[(String, String)]) {
+        fn check(s: &Scheduler, running: &[(Arc<str>, Arc<str>)]) {
             assert_eq!(s.global_in_flight as usize, running.len());
             let mut pool = 0;
             for (name, ns) in &s.namespaces {
@@ -510,9 +530,9 @@ mod tests {
                 let mut s = Scheduler::new(pool, 4, floor);
                 for (i, width) in widths.iter().enumerate() {
                     let (uid, ns) = lane(i);
-                    s.upsert_lane(&uid, &ns, *width);
+                    s.upsert_lane(&uid.into(), &ns, *width);
                 }
-                let mut running: Vec<(String, String)> = Vec::new();
+                let mut running: Vec<(Arc<str>, Arc<str>)> = Vec::new();
                 for op in ops {
                     match op {
                         Op::Wake(i) => s.wake(&lane(i).0),

@@ -638,7 +638,7 @@ pub fn manifests(data: &[u8]) {
             })
             .collect();
         let config = SubscriptionConfig::from_spec(
-            "uid".into(),
+            "uid",
             namespace.clone(),
             name.clone(),
             spec,
