@@ -58,7 +58,9 @@ fn replica_args<'a>(pg: &'a Postgres, id: &'a str) -> Vec<&'a str> {
 }
 
 async fn replica(cp: &ControlPlane, pg: &Postgres, id: &str) -> Operator {
-    Operator::start(cp, &replica_args(pg, id)).await
+    // Lanes woken in shards not held are logged, for a failure's message.
+    let logged = ["--log-level", "info,herald::shards=debug"];
+    Operator::start(cp, &[replica_args(pg, id), logged.to_vec()].concat()).await
 }
 
 /// Waits until the shard Leases' holders satisfy `done`; how long that took.
@@ -312,27 +314,113 @@ impl Load {
 }
 
 /// Waits until every acknowledged event has been delivered (answered 2xx), verified; every
-/// hit.
+/// hit. If some never are, fails with what the store holds for them.
 async fn delivered(
     receiver: &Receiver,
+    pg: &Postgres,
     acknowledged: &HashSet<String>,
 ) -> Vec<support::receiver::Hit> {
-    let hits = receiver
-        .wait_until(
+    let delivered_ids = |hits: &[support::receiver::Hit]| -> HashSet<String> {
+        hits.iter()
+            .filter(|h| h.answered.is_some_and(|s| (200..300).contains(&s)))
+            .map(|h| h.header("webhook-id").to_string())
+            .collect()
+    };
+    let waited = tokio::time::timeout(
+        Duration::from_secs(300),
+        receiver.wait_until(
             "every acknowledged event",
-            Duration::from_secs(300),
+            Duration::from_secs(600),
             |hits| {
-                let ids: HashSet<&str> = hits
-                    .iter()
-                    .filter(|h| h.answered.is_some_and(|s| (200..300).contains(&s)))
-                    .map(|h| h.header("webhook-id"))
-                    .collect();
-                acknowledged.iter().all(|id| ids.contains(id.as_str()))
+                let ids = delivered_ids(hits);
+                acknowledged.iter().all(|id| ids.contains(id))
             },
-        )
-        .await;
+        ),
+    )
+    .await;
+    let Ok(hits) = waited else {
+        let ids = delivered_ids(&receiver.hits());
+        let mut missing: Vec<&String> = acknowledged
+            .iter()
+            .filter(|id| !ids.contains(*id))
+            .collect();
+        missing.sort();
+        panic!(
+            "{} acknowledged events not delivered within 300 s; what the store holds for them:\n{}",
+            missing.len(),
+            store_report(pg, &missing).await
+        );
+    };
     assert!(hits.iter().all(|h| h.verified), "an unverified delivery");
     hits
+}
+
+/// The store's rows for these events (deliveries, their shard and its owner, attempts) and
+/// every shard taking, for a failure message.
+async fn store_report(pg: &Postgres, event_ids: &[&String]) -> String {
+    use sqlx_core::query::query;
+    use sqlx_core::row::Row;
+    let pool = match sqlx_postgres::PgPool::connect(&pg.url).await {
+        Ok(pool) => pool,
+        Err(e) => return format!("(cannot connect to the store: {e})"),
+    };
+    let ids: Vec<String> = event_ids.iter().take(50).map(|id| id.to_string()).collect();
+    let rows = query(
+        "SELECT e.event_id, e.namespace, e.published_ms, e.matched, d.sub_uid, s.name, s.shard,
+                d.state, d.attempts, d.due_ms, d.finished_ms,
+                (SELECT o.holder || ' epoch ' || o.epoch FROM shard_owners o WHERE o.shard = s.shard),
+                (SELECT string_agg(a.outcome || ' ' || coalesce(a.status_code, 0) || ' at ' || a.at_ms, '; ')
+                   FROM attempt_log a WHERE a.delivery = d.id)
+         FROM events e
+         LEFT JOIN deliveries d ON d.event = e.id
+         LEFT JOIN subscriptions s ON s.uid = d.sub_uid
+         WHERE e.event_id = ANY($1)
+         ORDER BY e.event_id",
+    )
+    .bind(&ids)
+    .fetch_all(&pool)
+    .await;
+    let mut report = String::new();
+    match rows {
+        Ok(rows) => {
+            for r in rows {
+                report.push_str(&format!(
+                    "  {} ns={} published_ms={} matched={} sub={:?} ({:?}) shard={:?} state={:?} attempts={:?} due_ms={:?} finished_ms={:?} owner={:?} log=[{:?}]\n",
+                    r.get::<String, _>(0),
+                    r.get::<String, _>(1),
+                    r.get::<i64, _>(2),
+                    r.get::<i32, _>(3),
+                    r.get::<Option<String>, _>(4),
+                    r.get::<Option<String>, _>(5),
+                    r.get::<Option<i32>, _>(6),
+                    r.get::<Option<i16>, _>(7),
+                    r.get::<Option<i32>, _>(8),
+                    r.get::<Option<i64>, _>(9),
+                    r.get::<Option<i64>, _>(10),
+                    r.get::<Option<String>, _>(11),
+                    r.get::<Option<String>, _>(12),
+                ));
+            }
+        }
+        Err(e) => report.push_str(&format!("  (query failed: {e})\n")),
+    }
+    if let Ok(rows) =
+        query("SELECT shard, epoch, holder, at_ms FROM shard_history ORDER BY at_ms, shard, epoch")
+            .fetch_all(&pool)
+            .await
+    {
+        report.push_str("shard takings:\n");
+        for r in rows {
+            report.push_str(&format!(
+                "  shard {} epoch {} {} at {}\n",
+                r.get::<i32, _>(0),
+                r.get::<i64, _>(1),
+                r.get::<String, _>(2),
+                r.get::<i64, _>(3)
+            ));
+        }
+    }
+    report
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -386,7 +474,7 @@ async fn three_replicas_lose_nothing_when_one_is_killed() {
 
     let acknowledged = load.finish().await;
     assert_eq!(acknowledged.len(), EVENTS);
-    let hits = delivered(&receiver, &acknowledged).await;
+    let hits = delivered(&receiver, &pg, &acknowledged).await;
     let mut seen = HashSet::new();
     let duplicates = hits
         .iter()
@@ -484,7 +572,7 @@ async fn scaling_from_one_to_three_and_back_loses_nothing() {
     .await;
     let acknowledged = load.finish().await;
     assert_eq!(acknowledged.len(), EVENTS);
-    let hits = delivered(&receiver, &acknowledged).await;
+    let hits = delivered(&receiver, &pg, &acknowledged).await;
     let takings = epochs_only_rise(&pg).await;
     eprintln!(
         "scale 1 → 3 → 1: {EVENTS} events, {} duplicates; spread over three in {:.1} s, back \
@@ -587,7 +675,7 @@ async fn a_paused_replica_starts_nothing_for_the_shards_it_lost() {
         all,
     );
     let mut acknowledged = first.finish().await;
-    delivered(&receiver, &acknowledged).await;
+    delivered(&receiver, &pg, &acknowledged).await;
     assert!(
         !attempts_logged(&paused.log()).is_empty(),
         "replica-1 made no attempt before the pause: the test would prove nothing"
@@ -690,7 +778,7 @@ async fn a_paused_replica_starts_nothing_for_the_shards_it_lost() {
     );
     acknowledged.extend(second.finish().await);
     acknowledged.extend(owed.iter().cloned());
-    delivered(&receiver, &acknowledged).await;
+    delivered(&receiver, &pg, &acknowledged).await;
     wait_for_holders(&cp, "the shards spread again", spread).await;
 
     // Every attempt replica-1 logged after it resumed is for a shard it took again after
@@ -762,7 +850,7 @@ async fn a_namespace_pending_limit_holds_across_replicas() {
         LIMIT * 10,
     );
     let acknowledged = load.finish().await;
-    delivered(&receiver, &acknowledged).await;
+    delivered(&receiver, &pg, &acknowledged).await;
 
     // Every receiver holds its attempts: one publish at a time, alternating replicas.
     for (ns, event_type) in &types {
@@ -868,7 +956,7 @@ async fn a_postgres_restart_during_delivery_loses_nothing() {
     let refused = load.refused();
     let acknowledged = load.finish().await;
     assert_eq!(acknowledged.len(), EVENTS);
-    let hits = delivered(&receiver, &acknowledged).await;
+    let hits = delivered(&receiver, &pg, &acknowledged).await;
     assert!(
         refused.keys().all(|status| *status == 503),
         "answers other than 202 and 503 while the database was down: {refused:?}"

@@ -12,7 +12,9 @@
 //! - A held shard is renewed every `renew_every`; the replica starts attempts for it only
 //!   until `duration - margin` after the start of its last successful write. A replica that
 //!   cannot renew (API server unreachable, process paused) therefore stops before anyone can
-//!   take the shard, with `margin` to spare for clock skew between nodes.
+//!   take the shard, with `margin` to spare for clock skew between nodes. A round late
+//!   enough to pass that deadline still renews the shard if its Lease is this replica's at
+//!   the same epoch, and wakes the shard's lanes (those that tried meanwhile rested).
 //! - Above its share (a replica joined), a replica stops starting attempts for its extra
 //!   shards first and then releases their Leases; on a graceful stop it releases all.
 
@@ -204,9 +206,12 @@ impl ShardLeases {
         }
         let share = fair_share(self.ownership.shards(), members.max(1));
 
-        // Renew what this replica holds; a shard whose Lease changed hands is lost.
-        let mut held: Vec<u32> = Vec::new();
-        for (shard, held_epoch) in self.ownership.held() {
+        // Renew what this replica holds, also a hold whose deadline passed (a slow round):
+        // while the Lease is still this replica's at the same epoch no one else took it. A
+        // shard whose Lease changed hands is lost. The renewals go out together, so that a
+        // slow API server delays the round by one write, not one per shard.
+        let mut renewals = Vec::new();
+        for (shard, held_epoch) in self.ownership.granted() {
             match shards.get(&shard) {
                 Some(lease)
                     if holder(lease) == self.config.identity && epoch(lease) == held_epoch =>
@@ -216,31 +221,38 @@ impl ShardLeases {
                         spec.renew_time = Some(MicroTime(now));
                         spec.lease_duration_seconds = Some(self.lease_duration_seconds());
                     }
-                    match self
-                        .api
-                        .replace(&shard_lease_name(shard), &PostParams::default(), &renewed)
-                        .await
-                    {
-                        Ok(lease) => {
-                            self.ownership
-                                .hold(shard, held_epoch, self.valid_until(started));
-                            shards.insert(shard, lease);
-                            held.push(shard);
-                        }
-                        Err(kube::Error::Api(e)) if e.code == 409 => {
-                            tracing::warn!(shard, "shard lease: renewal conflicted; stopping");
-                            self.ownership.revoke(shard);
-                        }
-                        // Unknown: keep the shard until its deadline, renew next round.
-                        Err(e) => {
-                            tracing::warn!(shard, error = %e, "shard lease: renewal failed");
-                            held.push(shard);
-                        }
-                    }
+                    renewals.push(async move {
+                        let name = shard_lease_name(shard);
+                        let written = self
+                            .api
+                            .replace(&name, &PostParams::default(), &renewed)
+                            .await;
+                        (shard, held_epoch, written)
+                    });
                 }
                 _ => {
                     tracing::warn!(shard, "shard lease: lost to another replica; stopping");
                     self.ownership.revoke(shard);
+                }
+            }
+        }
+        let mut held: Vec<u32> = Vec::new();
+        for (shard, held_epoch, written) in futures::future::join_all(renewals).await {
+            match written {
+                Ok(lease) => {
+                    self.engine
+                        .hold_shard(shard, held_epoch, self.valid_until(started));
+                    shards.insert(shard, lease);
+                    held.push(shard);
+                }
+                Err(kube::Error::Api(e)) if e.code == 409 => {
+                    tracing::warn!(shard, "shard lease: renewal conflicted; stopping");
+                    self.ownership.revoke(shard);
+                }
+                // Unknown: keep the shard until its deadline, renew next round.
+                Err(e) => {
+                    tracing::warn!(shard, error = %e, "shard lease: renewal failed");
+                    held.push(shard);
                 }
             }
         }
@@ -294,8 +306,8 @@ impl ShardLeases {
                         .await
                     {
                         Ok(true) => {
-                            self.ownership.hold(shard, epoch, self.valid_until(started));
-                            self.engine.shard_taken(shard);
+                            self.engine
+                                .hold_shard(shard, epoch, self.valid_until(started));
                             tracing::info!(shard, epoch, "shard lease: taken");
                             held.push(shard);
                         }
@@ -389,7 +401,7 @@ impl ShardLeases {
     /// On a graceful stop: stop starting attempts, then release every held shard and the
     /// membership, so that the others take over at once rather than after the Lease expires.
     pub async fn release_all(&self) {
-        let held = self.ownership.held();
+        let held = self.ownership.granted();
         for (shard, _) in &held {
             self.ownership.revoke(*shard);
         }

@@ -214,11 +214,16 @@ impl Engine {
             .is_none_or(|o| o.fence(o.shard_of(uid)).is_some())
     }
 
-    /// This replica took `shard` at `epoch` in the store: its lanes may have due work.
-    pub fn shard_taken(&self, shard: u32) {
+    /// This replica holds `shard` at `epoch` until `until`: taken (and recorded in the
+    /// store), or renewed. A lane that found its shard not held rested, so when the hold is
+    /// new, or renews one whose deadline had passed, the shard's lanes wake.
+    pub fn hold_shard(&self, shard: u32, epoch: i64, until: std::time::Instant) {
         let Some(ownership) = self.ownership.get() else {
             return;
         };
+        if !ownership.hold(shard, epoch, until) {
+            return;
+        }
         let mut inner = self.lock();
         let uids: Vec<Arc<str>> = inner
             .subs
@@ -1118,10 +1123,8 @@ mod tests {
         }
     }
 
-    /// Issue 9, defect 7: an attempt whose record cannot be committed (a full disk) is
-    /// recorded once the store commits again, without a restart and without a second POST.
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_failed_record_is_retried_not_left_in_flight() {
+    /// A receiver on 127.0.0.1 that answers 204 and counts what it received.
+    async fn counting_receiver() -> (std::net::SocketAddr, Arc<AtomicU32>) {
         let hits = Arc::new(AtomicU32::new(0));
         let counted = hits.clone();
         let app = axum::Router::new().fallback(move || {
@@ -1131,14 +1134,12 @@ mod tests {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let address = listener.local_addr().unwrap();
         tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+        (address, hits)
+    }
 
-        let dir = std::env::temp_dir().join(format!("herald-engine-{}", uuid::Uuid::now_v7()));
-        let store = Arc::new(FailingRecords {
-            inner: SqliteStore::open(&dir).unwrap(),
-            failures: AtomicU32::new(3),
-        });
-        let engine = Engine::new(
-            store.clone(),
+    fn test_engine(store: Arc<dyn Store>) -> Arc<Engine> {
+        Engine::new(
+            store,
             HttpSender::new(EgressPolicy::new(vec!["127.0.0.0/8".parse().unwrap()])).unwrap(),
             EngineConfig {
                 max_in_flight: 16,
@@ -1148,48 +1149,110 @@ mod tests {
                 namespace_max_pending: 100,
                 history_retention: Duration::from_secs(60),
             },
-        );
+        )
+    }
+
+    /// Subscription `ns/hook` (uid-1), every event type, to `address`.
+    fn hook(address: std::net::SocketAddr) -> SubscriptionConfig {
         let spec: crate::api::WebhookSubscriptionSpec = serde_json::from_value(serde_json::json!({
             "url": format!("http://{address}/hook"),
             "eventTypes": ["*"],
             "signing": {"secretRef": {"name": "s", "key": "k"}},
         }))
         .unwrap();
-        let config = SubscriptionConfig::from_spec(
+        SubscriptionConfig::from_spec(
             "uid-1",
             "ns",
             "hook",
             &spec,
             Ok(vec!["whsec_AAECAwQFBgcICQoLDA0ODxAREhMUFRYX".into()]),
         )
-        .unwrap();
-        engine.upsert(config).await.unwrap();
-        engine.recover().await.unwrap();
-        engine.spawn();
+        .unwrap()
+    }
+
+    async fn publish(engine: &Engine, id: &str) {
         let data = RawValue::from_string("{}".into()).unwrap();
         engine
-            .publish("ns", Some("evt-1".into()), "t", &data)
+            .publish("ns", Some(id.into()), "t", &data)
             .await
             .unwrap();
+    }
 
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    /// Polls until `ns/hook`'s first delivery is delivered; panics after `within`.
+    async fn wait_delivered(engine: &Engine, within: Duration, what: &str) {
+        let deadline = tokio::time::Instant::now() + within;
         loop {
             let list = engine
                 .list("ns", "hook", StateFilter::All, 10)
                 .await
                 .unwrap();
             if list.len() == 1 && list[0].state == DeliveryState::Delivered {
-                break;
+                return;
             }
             assert!(
                 tokio::time::Instant::now() < deadline,
-                "the delivery never left {:?}",
+                "{what}: the delivery never left {:?}",
                 list.first().map(|d| d.state)
             );
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
+    }
+
+    /// Issue 9, defect 7: an attempt whose record cannot be committed (a full disk) is
+    /// recorded once the store commits again, without a restart and without a second POST.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_failed_record_is_retried_not_left_in_flight() {
+        let (address, hits) = counting_receiver().await;
+        let dir = std::env::temp_dir().join(format!("herald-engine-{}", uuid::Uuid::now_v7()));
+        let store = Arc::new(FailingRecords {
+            inner: SqliteStore::open(&dir).unwrap(),
+            failures: AtomicU32::new(3),
+        });
+        let engine = test_engine(store.clone());
+        engine.upsert(hook(address)).await.unwrap();
+        engine.recover().await.unwrap();
+        engine.spawn();
+        publish(&engine, "evt-1").await;
+
+        wait_delivered(&engine, Duration::from_secs(30), "records failing").await;
         assert_eq!(store.failures.load(Ordering::Acquire), 0);
         assert_eq!(hits.load(Ordering::Acquire), 1, "sent again");
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    /// A lane that found its shard's hold past its deadline (a slow Lease round) rests; the
+    /// renewal of that hold at the same epoch must wake it, or its due work waits for the
+    /// next publish (found by the scale-out test: 10 acknowledged events never delivered).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_lane_refused_during_a_lapsed_hold_starts_once_the_hold_is_renewed() {
+        let (address, hits) = counting_receiver().await;
+        let dir = std::env::temp_dir().join(format!("herald-engine-{}", uuid::Uuid::now_v7()));
+        let store = Arc::new(SqliteStore::open(&dir).unwrap());
+        let engine = test_engine(store.clone());
+        engine.share_by_shards(Arc::new(Ownership::new(1)));
+        engine.upsert(hook(address)).await.unwrap();
+        engine.recover().await.unwrap();
+        engine.spawn();
+        assert!(store.take_shard(0, "me", 1, now_ms()).await.unwrap());
+        let later = || std::time::Instant::now() + Duration::from_secs(60);
+        engine.hold_shard(0, 1, later());
+        // The round that should have renewed it came late: the hold lapses.
+        engine.hold_shard(0, 1, std::time::Instant::now());
+
+        publish(&engine, "evt-1").await;
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        while engine.lock().scheduler.wants("uid-1") {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the lane never rested"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert_eq!(hits.load(Ordering::Acquire), 0, "sent while not held");
+
+        engine.hold_shard(0, 1, later());
+        wait_delivered(&engine, Duration::from_secs(10), "after the renewal").await;
+        assert_eq!(hits.load(Ordering::Acquire), 1);
         let _ = std::fs::remove_dir_all(dir);
     }
 }

@@ -157,6 +157,12 @@ impl Scheduler {
         self.enqueue(uid);
     }
 
+    /// Whether the lane may have due work (false once the store found nothing due for it).
+    #[cfg(test)]
+    pub fn wants(&self, uid: &str) -> bool {
+        self.lanes.get(uid).is_some_and(|lane| lane.wants)
+    }
+
     /// The lane's wake count, to pass back to [`Scheduler::idle`].
     pub fn epoch(&self, uid: &str) -> u64 {
         self.lanes.get(uid).map_or(0, |lane| lane.epoch)

@@ -68,10 +68,16 @@ impl Ownership {
     }
 
     /// Holds `shard` at `epoch` until `until` (a grant, or a renewal of the same epoch).
-    pub fn hold(&self, shard: u32, epoch: i64, until: Instant) {
-        if let Some(slot) = self.lock().get_mut(shard as usize) {
-            *slot = Some(Held { epoch, until });
-        }
+    /// Returns whether the shard was not held under `epoch` just before (never, revoked, or
+    /// past its deadline): attempts for it may have been refused meanwhile.
+    pub fn hold(&self, shard: u32, epoch: i64, until: Instant) -> bool {
+        let mut held = self.lock();
+        let Some(slot) = held.get_mut(shard as usize) else {
+            return false;
+        };
+        let was_held = slot.is_some_and(|h| h.epoch == epoch && Instant::now() < h.until);
+        *slot = Some(Held { epoch, until });
+        !was_held
     }
 
     /// Stops starting attempts for `shard` now.
@@ -79,6 +85,16 @@ impl Ownership {
         if let Some(slot) = self.lock().get_mut(shard as usize) {
             *slot = None;
         }
+    }
+
+    /// Shards granted and not revoked, with their epochs, including those whose deadline
+    /// passed without a renewal: still this replica's to renew while its Lease is.
+    pub fn granted(&self) -> Vec<(u32, i64)> {
+        self.lock()
+            .iter()
+            .enumerate()
+            .filter_map(|(shard, held)| held.map(|h| (shard as u32, h.epoch)))
+            .collect()
     }
 
     /// Shards held now, with their epochs.
@@ -127,20 +143,29 @@ mod tests {
 
     #[test]
     fn a_hold_ends_at_its_deadline_or_on_revoke() {
+        let later = || Instant::now() + Duration::from_secs(60);
         let ownership = Ownership::new(4);
         assert!(ownership.fence(1).is_none());
-        ownership.hold(1, 7, Instant::now() + Duration::from_secs(60));
+        assert!(ownership.hold(1, 7, later()), "a new hold");
         assert_eq!(ownership.fence(1), Some(ShardFence { shard: 1, epoch: 7 }));
         assert_eq!(ownership.held(), vec![(1, 7)]);
+        assert!(!ownership.hold(1, 7, later()), "a renewal in time");
+        assert!(ownership.hold(1, 8, later()), "a new epoch");
         ownership.revoke(1);
         assert!(ownership.fence(1).is_none());
+        assert!(ownership.granted().is_empty());
         ownership.hold(2, 3, Instant::now());
         assert!(
             ownership.fence(2).is_none(),
             "a hold past its deadline fences nothing"
         );
         assert!(ownership.held().is_empty());
-        ownership.hold(9, 1, Instant::now() + Duration::from_secs(60));
+        assert_eq!(ownership.granted(), vec![(2, 3)], "still to renew");
+        assert!(
+            ownership.hold(2, 3, later()),
+            "a renewal after the deadline"
+        );
+        assert!(!ownership.hold(9, 1, later()));
         assert!(ownership.fence(9).is_none(), "no such shard");
     }
 }
