@@ -480,9 +480,14 @@ async fn three_replicas_lose_nothing_when_one_is_killed() {
         .iter()
         .filter(|h| !seen.insert(h.header("webhook-id").to_string()))
         .count();
+    let late: usize = replicas
+        .iter()
+        .map(|r| r.log().matches("renewed after its deadline").count())
+        .sum();
     eprintln!(
         "scale-out: {EVENTS} events acknowledged and delivered over 3 replicas, one killed; \
-         {duplicates} duplicates; shards {lost:?} taken over {:.1} s after the kill (lease {LEASE_SECONDS} s)",
+         {duplicates} duplicates; shards {lost:?} taken over {:.1} s after the kill (lease {LEASE_SECONDS} s); \
+         {late} shard renewals came after their deadline",
         takeover.as_secs_f64()
     );
 

@@ -240,8 +240,15 @@ impl ShardLeases {
         for (shard, held_epoch, written) in futures::future::join_all(renewals).await {
             match written {
                 Ok(lease) => {
-                    self.engine
-                        .hold_shard(shard, held_epoch, self.valid_until(started));
+                    if self
+                        .engine
+                        .hold_shard(shard, held_epoch, self.valid_until(started))
+                    {
+                        tracing::warn!(
+                            shard,
+                            "shard lease: renewed after its deadline had passed (a slow round); no attempt started for it meanwhile"
+                        );
+                    }
                     shards.insert(shard, lease);
                     held.push(shard);
                 }

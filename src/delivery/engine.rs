@@ -216,13 +216,13 @@ impl Engine {
 
     /// This replica holds `shard` at `epoch` until `until`: taken (and recorded in the
     /// store), or renewed. A lane that found its shard not held rested, so when the hold is
-    /// new, or renews one whose deadline had passed, the shard's lanes wake.
-    pub fn hold_shard(&self, shard: u32, epoch: i64, until: std::time::Instant) {
+    /// new, or renews one whose deadline had passed, the shard's lanes wake (returns true).
+    pub fn hold_shard(&self, shard: u32, epoch: i64, until: std::time::Instant) -> bool {
         let Some(ownership) = self.ownership.get() else {
-            return;
+            return false;
         };
         if !ownership.hold(shard, epoch, until) {
-            return;
+            return false;
         }
         let mut inner = self.lock();
         let uids: Vec<Arc<str>> = inner
@@ -236,6 +236,7 @@ impl Engine {
         }
         drop(inner);
         self.wakeup.notify_one();
+        true
     }
 
     fn lock(&self) -> MutexGuard<'_, Inner> {
