@@ -330,7 +330,13 @@ impl Store for SqliteStore {
                  ON CONFLICT (uid) DO UPDATE SET paused = excluded.paused,
                      disable_after = excluded.disable_after, name = excluded.name,
                      shard = excluded.shard
-                 WHERE subscriptions.live = 1",
+                 WHERE subscriptions.live = 1
+                     -- Unchanged (every subscription, at each start): no page is written,
+                     -- so the commit has nothing to sync.
+                     AND (subscriptions.paused, subscriptions.disable_after,
+                          subscriptions.name, subscriptions.shard)
+                         IS NOT (excluded.paused, excluded.disable_after,
+                                 excluded.name, excluded.shard)",
                 params![
                     sub.uid,
                     sub.namespace,
