@@ -5,12 +5,13 @@
 //!   quotas) and the start-up purge of subscriptions deleted while herald was down;
 //! - [`reconcile`]: one subscription's reconcile and its finalizer `herald.dev/purge`;
 //! - [`conditions`]: the pure decisions (status conditions, Events, which quota is in force);
-//! - [`status`]: writing status (coalesced) and Events;
+//! - [`status`]: writing status (coalesced), and [`events`]: writing Events;
 //! - [`access_review`]: TokenReview and SubjectAccessReview behind the ingest API;
 //! - [`shard_leases`]: with several replicas, which shards this one delivers for.
 
 pub mod access_review;
 pub mod conditions;
+pub mod events;
 pub mod reconcile;
 pub mod shard_leases;
 pub mod status;

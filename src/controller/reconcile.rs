@@ -22,9 +22,6 @@ use crate::delivery::{Engine, SubscriptionConfig};
 /// The finalizer that holds a subscription until its pending attempts are purged.
 pub const FINALIZER: &str = "herald.dev/purge";
 
-/// Secrets are watched, so this is only a safety net for a missed watch event.
-const RESYNC: Duration = Duration::from_secs(3600);
-
 pub struct Context {
     pub client: kube::Client,
     pub engine: Arc<Engine>,
@@ -54,6 +51,19 @@ async fn reconcile_finalized(obj: Arc<WebhookSubscription>, ctx: Arc<Context>) -
     })
     .await
     .map_err(|e| Error::Finalizer(Box::new(e)))
+}
+
+/// What a reconcile reads from the object besides its spec's generation: deletion,
+/// finalizers and the re-enable annotation. A watch event that changes none of it (herald's
+/// own status write) is not reconciled.
+pub fn reconcile_digest(obj: &WebhookSubscription) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    obj.meta().generation.hash(&mut hasher);
+    obj.meta().deletion_timestamp.is_some().hash(&mut hasher);
+    obj.finalizers().hash(&mut hasher);
+    obj.annotations().get(REENABLE_ANNOTATION).hash(&mut hasher);
+    hasher.finish()
 }
 
 pub fn error_policy(obj: Arc<WebhookSubscription>, error: &Error, _: Arc<Context>) -> Action {
@@ -147,6 +157,7 @@ async fn apply(obj: &WebhookSubscription, ctx: &Context) -> Result<Action> {
             problem,
             reenable_handled: handled.clone(),
             applied,
+            reconciled: Some(reconcile_digest(obj)),
             ..Default::default()
         },
         obj.status.as_ref(),
@@ -169,7 +180,10 @@ async fn apply(obj: &WebhookSubscription, ctx: &Context) -> Result<Action> {
             .await;
     }
     ctx.status.write(&uid).await?;
-    Ok(Action::requeue(RESYNC))
+    // No periodic requeue: the object and the Secrets it names are watched, and a watch that
+    // breaks is listed again, which brings every changed object back. A requeue would keep
+    // an entry per subscription in the controller's scheduler, idle or not.
+    Ok(Action::await_change())
 }
 
 async fn cleanup(obj: &WebhookSubscription, ctx: &Context) -> Result<Action> {

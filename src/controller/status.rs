@@ -6,17 +6,18 @@
 //! outcome changes the status.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, Patch, PatchParams};
-use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::reflector::{ObjectRef, Store};
 use serde_json::json;
 
 use super::conditions::{Announcement, Facts, Problem, subscription_status};
+use super::events::{EventWriter, Note};
 use crate::api::{LastAttempt, WebhookQuota, WebhookSubscription, WebhookSubscriptionStatus};
 use crate::delivery::{Engine, Notice};
 
@@ -24,7 +25,8 @@ use crate::delivery::{Engine, Notice};
 pub const FIELD_MANAGER: &str = "herald";
 
 /// What herald keeps per subscription between reconciles: what the status is computed from,
-/// and what was last written. Small and fixed in size; the spec itself is not kept.
+/// and a digest of what was last written. Small and fixed in size; neither the spec nor the
+/// status is kept (the watch cache has both).
 #[derive(Clone, Debug, Default)]
 pub struct Entry {
     pub uid: String,
@@ -38,8 +40,12 @@ pub struct Entry {
     pub reenable_handled: Option<String>,
     /// A digest of the spec and secrets the engine runs, to skip unchanged upserts.
     pub applied: Option<[u8; 32]>,
+    /// The object's `reconcile_digest` at this reconcile.
+    pub reconciled: Option<u64>,
     pub(super) last_attempt: Option<LastAttempt>,
-    pub(super) written: Option<WebhookSubscriptionStatus>,
+    /// A digest of the status herald last wrote. The status itself is not kept here: the
+    /// watch cache holds the object as the API server has it, status included.
+    pub(super) written: Option<u64>,
     pub(super) written_at: Option<Instant>,
     pub(super) dirty: bool,
     pub(super) urgent: bool,
@@ -56,9 +62,12 @@ struct Book {
 pub struct StatusWriter {
     client: kube::Client,
     engine: Arc<Engine>,
-    recorder: Recorder,
+    events: EventWriter,
     interval: Duration,
     book: Mutex<Book>,
+    /// The controllers' watch caches (one per watched namespace, or one for all): the
+    /// status each subscription shows now, which the next one is computed from.
+    caches: RwLock<Vec<Store<WebhookSubscription>>>,
 }
 
 fn reference(namespace: &str, name: &str, uid: &str) -> ObjectReference {
@@ -74,17 +83,33 @@ fn reference(namespace: &str, name: &str, uid: &str) -> ObjectReference {
 
 impl StatusWriter {
     pub fn new(client: kube::Client, engine: Arc<Engine>, interval: Duration) -> Arc<Self> {
-        let reporter = Reporter {
-            controller: "herald".into(),
-            instance: std::env::var("POD_NAME").ok(),
-        };
         Arc::new(Self {
-            recorder: Recorder::new(client.clone(), reporter),
+            events: EventWriter::new(client.clone(), "herald", std::env::var("POD_NAME").ok()),
             client,
             engine,
             interval,
             book: Mutex::new(Book::default()),
+            caches: RwLock::default(),
         })
+    }
+
+    /// Reads the status subscriptions show from this watch cache.
+    pub fn read_from(&self, cache: Store<WebhookSubscription>) {
+        self.caches
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(cache);
+    }
+
+    /// The status the object shows now, if the watch cache has this object (same uid).
+    fn shown(&self, namespace: &str, name: &str, uid: &str) -> Option<WebhookSubscriptionStatus> {
+        let key = ObjectRef::new(name).within(namespace);
+        let caches = self.caches.read().unwrap_or_else(|e| e.into_inner());
+        caches
+            .iter()
+            .find_map(|cache| cache.get(&key))
+            .filter(|obj| obj.metadata.uid.as_deref() == Some(uid))
+            .and_then(|obj| obj.status.clone())
     }
 
     fn book(&self) -> MutexGuard<'_, Book> {
@@ -96,13 +121,22 @@ impl StatusWriter {
         self.book().entries.contains_key(uid)
     }
 
+    /// Whether a watched object changed, in what its reconcile reads, since it was last
+    /// reconciled (always, for one not reconciled yet).
+    pub fn changed_since_reconciled(&self, uid: &str, digest: u64) -> bool {
+        self.book()
+            .entries
+            .get(uid)
+            .is_none_or(|e| e.reconciled != Some(digest))
+    }
+
     /// What was known of the subscription before this reconcile (None the first time).
     pub fn entry(&self, uid: &str) -> Option<Entry> {
         self.book().entries.get(uid).map(|e| Entry::clone(e))
     }
 
-    /// Records a reconcile's findings. `current` is the status the object carries, used
-    /// as the starting point the first time herald sees it (for example after a restart).
+    /// Records a reconcile's findings. `current` is the status the object carries; the
+    /// first time herald sees it (for example after a restart) its last attempt is kept.
     pub fn observe(&self, entry: Entry, current: Option<&WebhookSubscriptionStatus>) {
         let mut book = self.book();
         let key = (entry.namespace.clone(), entry.name.clone());
@@ -116,7 +150,6 @@ impl StatusWriter {
             },
             None => Entry {
                 last_attempt: current.and_then(|s| s.last_attempt.clone()),
-                written: current.cloned(),
                 ..entry
             },
         };
@@ -180,9 +213,18 @@ impl StatusWriter {
             reenable_handled: entry.reenable_handled.as_deref(),
             shard,
         };
-        let (status, announcements) =
-            subscription_status(&facts, entry.written.as_ref(), Timestamp::now());
-        if entry.written.as_ref() == Some(&status) {
+        // Computed from what the object shows, so that conditions keep their transition
+        // times across restarts and shard moves. Just after a write the cache may not show
+        // it yet: for a while the digest stops the same status being written (and announced)
+        // twice. Only for a while: another replica may write the status after this one.
+        let shown = self.shown(&entry.namespace, &entry.name, uid);
+        let (status, announcements) = subscription_status(&facts, shown.as_ref(), Timestamp::now());
+        let digest = status_digest(&status);
+        let just_written = entry.written == Some(digest)
+            && entry
+                .written_at
+                .is_some_and(|at| at.elapsed() < self.interval);
+        if shown.as_ref() == Some(&status) || just_written {
             return Ok(());
         }
         let api: Api<WebhookSubscription> = Api::namespaced(self.client.clone(), &entry.namespace);
@@ -212,7 +254,7 @@ impl StatusWriter {
         }
         crate::metrics::get().status_writes.inc();
         self.mark(uid, |e| {
-            e.written = Some(status.clone());
+            e.written = Some(digest);
             e.written_at = Some(Instant::now());
         });
         for announcement in announcements {
@@ -232,20 +274,15 @@ impl StatusWriter {
     /// is being deleted, the API server is away) is logged and never blocks anything.
     pub async fn announce(&self, namespace: &str, name: &str, uid: &str, what: Announcement) {
         tracing::info!(namespace, subscription = name, reason = what.reason, note = %what.note, "event");
-        let event = Event {
-            type_: if what.warning {
-                EventType::Warning
-            } else {
-                EventType::Normal
-            },
-            reason: what.reason.into(),
-            note: Some(what.note.chars().take(1000).collect()),
-            action: "Reconcile".into(),
-            secondary: None,
+        let note = Note {
+            warning: what.warning,
+            reason: what.reason,
+            action: "Reconcile",
+            note: &what.note,
         };
         if let Err(e) = self
-            .recorder
-            .publish(&event, &reference(namespace, name, uid))
+            .events
+            .write(reference(namespace, name, uid), &note)
             .await
         {
             tracing::debug!(error = %e, namespace, subscription = name, "could not record an Event");
@@ -355,6 +392,15 @@ impl StatusWriter {
             }
         }
     }
+}
+
+fn status_digest(status: &WebhookSubscriptionStatus) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    serde_json::to_vec(status)
+        .unwrap_or_default()
+        .hash(&mut hasher);
+    hasher.finish()
 }
 
 /// Writes a WebhookQuota's status when it differs from what the object shows.

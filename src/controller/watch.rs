@@ -3,14 +3,15 @@
 //! to the engine per namespace. Also the start-up pass that purges subscriptions deleted
 //! while herald was down, before anything is dispatched.
 //!
-//! Memory: the subscription cache holds each object without its managedFields; Secrets are
+//! Memory: the subscription cache holds each object without its managedFields (and is where
+//! the status writer reads the status each one shows); Secrets are
 //! watched as metadata only and not cached at all (a reconcile reads the referenced Secrets
 //! with a GET), so no Secret value is held beyond the digest the status writer keeps.
 
 use std::collections::{BTreeSet, HashSet};
 use std::sync::Arc;
 
-use futures::StreamExt;
+use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, ListParams};
 use kube::core::PartialObjectMeta;
@@ -19,8 +20,8 @@ use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, predicates, watcher};
 use kube::{Resource, ResourceExt};
 
-use super::conditions::{REENABLE_ANNOTATION, quota_in_force};
-use super::reconcile::{Context, error_policy, reconcile};
+use super::conditions::quota_in_force;
+use super::reconcile::{Context, error_policy, reconcile, reconcile_digest};
 use super::status::write_quota_status;
 use crate::api::{WebhookQuota, WebhookSubscription};
 use crate::delivery::Engine;
@@ -103,18 +104,6 @@ pub async fn purge_deleted_while_down(
     Ok(removed)
 }
 
-/// What passes to the reconciler: a new generation, deletion, finalizers and the re-enable
-/// annotation. Status writes (herald's own) do not.
-fn reconcile_worthy(obj: &WebhookSubscription) -> Option<u64> {
-    use std::hash::{Hash, Hasher};
-    let mut hasher = std::collections::hash_map::DefaultHasher::new();
-    obj.meta().generation.hash(&mut hasher);
-    obj.meta().deletion_timestamp.is_some().hash(&mut hasher);
-    obj.finalizers().hash(&mut hasher);
-    obj.annotations().get(REENABLE_ANNOTATION).hash(&mut hasher);
-    Some(hasher.finish())
-}
-
 /// Subscriptions referencing a Secret, from the controller's cache.
 fn referencing(
     store: &Store<WebhookSubscription>,
@@ -180,10 +169,12 @@ pub async fn run_subscriptions(
         .zip(secret_apis)
     {
         let (reader, writer) = reflector::store();
+        ctx.status.read_from(reader.clone());
         // Told from the stream itself: kube-runtime's Store::wait_until_ready wakes only one
         // of several waiters, and the controller is already one.
         let synced = synced.clone();
         let (listed, ready_ctx) = (reader.clone(), ctx.clone());
+        let changes = ctx.status.clone();
         let subscriptions = watcher(api, watcher::Config::default())
             .default_backoff()
             .modify(trim_for_cache)
@@ -198,7 +189,15 @@ pub async fn run_subscriptions(
                 }
             })
             .applied_objects()
-            .predicate_filter(reconcile_worthy, Default::default());
+            // Herald's own status writes do not pass. Filtered against the status writer's
+            // book, not kube-runtime's predicate_filter, whose cache costs a few hundred
+            // bytes per subscription.
+            .try_filter(move |obj| {
+                let pass = obj.uid().is_none_or(|uid| {
+                    changes.changed_since_reconciled(&uid, reconcile_digest(obj))
+                });
+                std::future::ready(pass)
+            });
         let secret_changes = watcher(secrets, watcher::Config::default())
             .default_backoff()
             .touched_objects()
