@@ -24,8 +24,8 @@ use super::retry::{self, Decision};
 use super::scheduler::Scheduler;
 use super::shards::Ownership;
 use crate::store::{
-    self, AttemptRecord, Claim, DeliveryView, NewEvent, NewWork, Next, PublishResult, StateFilter,
-    Store, SubscriptionRecord, SubscriptionState,
+    self, AttemptRecord, Claim, Claimed, DeliveryView, NewEvent, NewWork, Next, PublishResult,
+    ShardFence, StateFilter, Store, SubscriptionRecord, SubscriptionState,
 };
 
 /// Engine-wide limits; every default is in `herald run --help`.
@@ -823,6 +823,42 @@ impl Engine {
         }
     }
 
+    /// Gives back a claim whose shard this replica no longer holds, retrying while the store
+    /// cannot take it (as a record is retried): left in flight, the delivery would wait for the
+    /// next take-over or start if the hold only lapsed and comes back.
+    async fn unclaim(&self, config: &SubscriptionConfig, claimed: &Claimed, fence: ShardFence) {
+        let mut backoff = Duration::from_millis(100);
+        loop {
+            match self
+                .store
+                .unclaim(claimed.delivery_id, claimed.attempt)
+                .await
+            {
+                Ok(undone) => {
+                    tracing::debug!(
+                        target: "herald::shards",
+                        namespace = %config.namespace,
+                        subscription = %config.name,
+                        shard = fence.shard,
+                        epoch = fence.epoch,
+                        undone,
+                        "the shard's hold ended during the claim: not started"
+                    );
+                    return;
+                }
+                Err(e) if !self.stopping.load(Ordering::Acquire) => {
+                    tracing::warn!(error = %e, namespace = %config.namespace, subscription = %config.name, retry_in_ms = backoff.as_millis() as u64, "giving back a claim failed; retrying");
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(Duration::from_secs(5));
+                }
+                Err(e) => {
+                    tracing::error!(error = %e, "giving back a claim failed while stopping; it is due again after the next start");
+                    return;
+                }
+            }
+        }
+    }
+
     /// One slot of a lane: claim the next due delivery (the fence), send it, record it.
     async fn attempt(self: Arc<Self>, config: Arc<SubscriptionConfig>, epoch: u64) {
         let _running = Running(&self);
@@ -831,10 +867,14 @@ impl Engine {
             self.lock().scheduler.release(uid, &config.namespace);
             return;
         }
+        let mut fenced = None;
         let claim = match self.ownership.get() {
             None => self.store.claim_next(uid, now_ms()).await,
             Some(ownership) => match ownership.fence(ownership.shard_of(uid)) {
-                Some(fence) => self.store.claim_fenced(uid, now_ms(), fence).await,
+                Some(fence) => {
+                    fenced = Some((ownership, fence));
+                    self.store.claim_fenced(uid, now_ms(), fence).await
+                }
                 // Not this replica's shard (now): the lane rests until the shard is taken.
                 None => {
                     tracing::debug!(
@@ -847,6 +887,18 @@ impl Engine {
                     Ok(Claim::Idle { next_due_ms: None })
                 }
             },
+        };
+        let claim = match (claim, fenced) {
+            // The store let the claim through under this epoch, but the hold may have ended
+            // while the claim was on its way (the process was paused, the renewal was late):
+            // then nothing is sent, and the delivery is due again for whoever holds the shard.
+            (Ok(Claim::Claimed(claimed)), Some((ownership, fence)))
+                if ownership.fence(fence.shard) != Some(fence) =>
+            {
+                self.unclaim(&config, &claimed, fence).await;
+                Ok(Claim::Idle { next_due_ms: None })
+            }
+            (claim, _) => claim,
         };
         let claimed = match claim {
             Ok(Claim::Claimed(claimed)) => claimed,
@@ -1059,14 +1111,27 @@ mod tests {
     use async_trait::async_trait;
     use std::sync::atomic::AtomicU32;
 
-    /// The SQLite store, whose `complete` fails a given number of times (a full disk).
-    struct FailingRecords {
+    /// The SQLite store, with faults: `complete` fails a given number of times (a full disk),
+    /// and a fenced claim can end the replica's hold of the shard while it is on its way (a
+    /// pause, a late renewal).
+    struct FaultyStore {
         inner: SqliteStore,
         failures: AtomicU32,
+        lapse_during_claim: Mutex<Option<Arc<Ownership>>>,
+    }
+
+    impl FaultyStore {
+        fn new(dir: &std::path::Path, failures: u32, lapse: Option<Arc<Ownership>>) -> Self {
+            Self {
+                inner: SqliteStore::open(dir).unwrap(),
+                failures: AtomicU32::new(failures),
+                lapse_during_claim: Mutex::new(lapse),
+            }
+        }
     }
 
     #[async_trait]
-    impl Store for FailingRecords {
+    impl Store for FaultyStore {
         async fn upsert_subscription(
             &self,
             s: SubscriptionRecord,
@@ -1093,6 +1158,21 @@ mod tests {
         }
         async fn claim_next(&self, uid: &str, now: i64) -> store::Result<Claim> {
             self.inner.claim_next(uid, now).await
+        }
+        async fn claim_fenced(&self, uid: &str, now: i64, f: ShardFence) -> store::Result<Claim> {
+            let claim = self.inner.claim_fenced(uid, now, f).await;
+            if matches!(claim, Ok(Claim::Claimed(_)))
+                && let Some(ownership) = self.lapse_during_claim.lock().unwrap().take()
+            {
+                ownership.hold(f.shard, f.epoch, std::time::Instant::now());
+            }
+            claim
+        }
+        async fn unclaim(&self, id: i64, attempt: u32) -> store::Result<bool> {
+            self.inner.unclaim(id, attempt).await
+        }
+        async fn take_shard(&self, s: u32, h: &str, e: i64, now: i64) -> store::Result<bool> {
+            self.inner.take_shard(s, h, e, now).await
         }
         async fn complete(&self, id: i64, a: AttemptRecord, n: Next) -> store::Result<Completion> {
             if self
@@ -1224,10 +1304,7 @@ mod tests {
     async fn a_failed_record_is_retried_not_left_in_flight() {
         let (address, hits) = counting_receiver().await;
         let dir = std::env::temp_dir().join(format!("herald-engine-{}", uuid::Uuid::now_v7()));
-        let store = Arc::new(FailingRecords {
-            inner: SqliteStore::open(&dir).unwrap(),
-            failures: AtomicU32::new(3),
-        });
+        let store = Arc::new(FaultyStore::new(&dir, 3, None));
         let engine = test_engine(store.clone());
         engine.upsert(hook(address)).await.unwrap();
         engine.recover().await.unwrap();
@@ -1273,6 +1350,58 @@ mod tests {
         engine.hold_shard(0, 1, later());
         wait_delivered(&engine, Duration::from_secs(10), "after the renewal").await;
         assert_eq!(hits.load(Ordering::Acquire), 1);
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    /// The store let a fenced claim through, but the hold ended while the claim was on its
+    /// way (found by the scale-out test: a replica resumed from SIGSTOP sent an attempt for a
+    /// shard another replica had taken). Nothing is sent; the delivery is due again, its
+    /// claim not counted as an attempt, and goes out once the shard is held again.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_claim_that_outlives_its_hold_is_given_back_unsent() {
+        let (address, hits) = counting_receiver().await;
+        let dir = std::env::temp_dir().join(format!("herald-engine-{}", uuid::Uuid::now_v7()));
+        let ownership = Arc::new(Ownership::new(1));
+        let store = Arc::new(FaultyStore::new(&dir, 0, Some(ownership.clone())));
+        let engine = test_engine(store.clone());
+        engine.share_by_shards(ownership);
+        engine.upsert(hook(address)).await.unwrap();
+        engine.recover().await.unwrap();
+        engine.spawn();
+        assert!(store.take_shard(0, "me", 1, now_ms()).await.unwrap());
+        let later = || std::time::Instant::now() + Duration::from_secs(60);
+        engine.hold_shard(0, 1, later());
+
+        publish(&engine, "evt-1").await;
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        while store.lapse_during_claim.lock().unwrap().is_some()
+            || engine.lock().scheduler.wants("uid-1")
+        {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the lane never rested"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert_eq!(hits.load(Ordering::Acquire), 0, "sent after the hold ended");
+        let list = engine
+            .list("ns", "hook", StateFilter::All, 10)
+            .await
+            .unwrap();
+        assert_eq!(
+            (list[0].state, list[0].attempts),
+            (DeliveryState::Pending, 0),
+            "the claim was not given back"
+        );
+
+        engine.hold_shard(0, 1, later());
+        wait_delivered(&engine, Duration::from_secs(10), "after the renewal").await;
+        assert_eq!(hits.load(Ordering::Acquire), 1);
+        let list = engine
+            .list("ns", "hook", StateFilter::All, 10)
+            .await
+            .unwrap();
+        assert_eq!(list[0].attempts, 1, "the unsent claim was counted");
         let _ = std::fs::remove_dir_all(dir);
     }
 }

@@ -266,6 +266,16 @@ pub trait Store: Send + Sync + 'static {
         Err(Error::Backend("this store does not fence by shard".into()))
     }
 
+    /// Undoes a fenced claim whose attempt was never sent (the replica lost the shard between
+    /// claim and send): the delivery is due again and the claim's attempt is not counted.
+    /// Only while the delivery is still in flight under that claim (`attempt` is the claim's
+    /// attempt number): one that a take-over made due again, or that another replica claimed
+    /// since, is left alone. Returns whether the claim was undone.
+    async fn unclaim(&self, delivery_id: i64, attempt: u32) -> Result<bool> {
+        let _ = (delivery_id, attempt);
+        Err(Error::Backend("this store does not fence by shard".into()))
+    }
+
     /// Records that `holder` took `shard` at lease `epoch`, if that epoch is newer than the
     /// one recorded: from then on only claims with this epoch succeed, and the shard's
     /// attempts that were in flight under an older epoch are due again (their replica may be

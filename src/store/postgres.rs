@@ -573,6 +573,24 @@ impl Store for PostgresStore {
         self.claim(uid, now_ms, Some(fence)).await
     }
 
+    async fn unclaim(&self, delivery_id: i64, attempt: u32) -> Result<bool> {
+        within(OP_TIMEOUT, async {
+            // A take-over or a later claim has changed state or attempts since, and then
+            // this matches nothing.
+            let undone = query(
+                "UPDATE deliveries SET state = 0, attempts = attempts - 1
+                 WHERE id = $1 AND state = 1 AND attempts = $2",
+            )
+            .bind(delivery_id)
+            .bind(attempt.min(i32::MAX as u32) as i32)
+            .execute(&self.relaxed)
+            .await?
+            .rows_affected();
+            Ok(undone == 1)
+        })
+        .await
+    }
+
     async fn take_shard(&self, shard: u32, holder: &str, epoch: i64, now_ms: i64) -> Result<bool> {
         within(BULK_TIMEOUT, async {
             let mut tx = self.synced.begin().await?;

@@ -531,6 +531,16 @@ impl Store for SqliteStore {
         .await
     }
 
+    async fn unclaim(&self, delivery_id: i64, attempt: u32) -> Result<bool> {
+        self.run(Durability::Relaxed, move |conn| {
+            Ok(conn
+                .prepare_cached(UNCLAIM)?
+                .execute(params![delivery_id, attempt])?
+                == 1)
+        })
+        .await
+    }
+
     async fn take_shard(&self, shard: u32, holder: &str, epoch: i64, now_ms: i64) -> Result<bool> {
         let holder = holder.to_string();
         self.run(Durability::Synced, move |conn| {
@@ -800,6 +810,11 @@ const CLAIM_FENCED: &str = "UPDATE deliveries SET state = 1, attempts = attempts
                    AND paused = 0 AND disabled = 0 AND shard = ?3)
        AND EXISTS (SELECT 1 FROM shard_owners WHERE shard = ?3 AND epoch = ?4)
      RETURNING id, event, attempts, window_start_ms";
+
+/// Undoes one claim (?1 the delivery, ?2 the claim's attempt number): a take-over or a later
+/// claim has changed state or attempts since, and then this matches nothing.
+const UNCLAIM: &str = "UPDATE deliveries SET state = 0, attempts = attempts - 1
+     WHERE id = ?1 AND state = 1 AND attempts = ?2";
 
 /// The claim, fenced by liveness and, with several replicas, by the shard's lease epoch.
 fn claim(

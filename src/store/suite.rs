@@ -647,9 +647,23 @@ async fn shard_epochs_fence_claims(store: &dyn Store) {
         .await
         .unwrap();
     assert!(!after.recorded, "one delivery finished twice");
-    let Claim::Claimed(_) = store.claim_fenced("s2", 300, at(4, 1)).await.unwrap() else {
+    let Claim::Claimed(unsent) = store.claim_fenced("s2", 300, at(4, 1)).await.unwrap() else {
         panic!("shard 4's holder could not claim");
     };
+    // Its hold ended before it sent: the claim is given back, not counted as an attempt.
+    assert!(
+        store
+            .unclaim(unsent.delivery_id, unsent.attempt)
+            .await
+            .unwrap()
+    );
+    let Claim::Claimed(resent) = store.claim_fenced("s2", 300, at(4, 1)).await.unwrap() else {
+        panic!("a given-back claim was not due again");
+    };
+    assert_eq!(
+        (resent.delivery_id, resent.attempt),
+        (unsent.delivery_id, 1)
+    );
 
     let history = store.shard_history().await.unwrap();
     let takings: Vec<_> = history
@@ -663,6 +677,31 @@ async fn shard_epochs_fence_claims(store: &dyn Store) {
             (4, 1, "replica-a"),
             (3, 2, "replica-b")
         ]
+    );
+    // A late give-back, after a take-over made the claim due again and the new holder
+    // claimed it: the new holder's claim stands.
+    assert!(store.take_shard(4, "replica-b", 2, 400).await.unwrap());
+    let Claim::Claimed(taken) = store.claim_fenced("s2", 400, at(4, 2)).await.unwrap() else {
+        panic!("the new holder of shard 4 could not claim");
+    };
+    assert_eq!(taken.delivery_id, resent.delivery_id);
+    assert!(
+        !store
+            .unclaim(resent.delivery_id, resent.attempt)
+            .await
+            .unwrap(),
+        "an old claim was given back over a new one"
+    );
+    assert!(
+        store
+            .complete(
+                taken.delivery_id,
+                attempt(410, "Accepted", Some(200)),
+                Next::Delivered
+            )
+            .await
+            .unwrap()
+            .recorded
     );
     for uid in ["s1", "s2"] {
         store.remove_subscription(uid).await.unwrap();

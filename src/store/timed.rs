@@ -51,6 +51,9 @@ impl<S: Store> Store for Timed<S> {
     async fn claim_fenced(&self, uid: &str, now_ms: i64, fence: ShardFence) -> Result<Claim> {
         timed("claim_next", self.0.claim_fenced(uid, now_ms, fence)).await
     }
+    async fn unclaim(&self, delivery_id: i64, attempt: u32) -> Result<bool> {
+        timed("unclaim", self.0.unclaim(delivery_id, attempt)).await
+    }
     async fn take_shard(&self, shard: u32, holder: &str, epoch: i64, now_ms: i64) -> Result<bool> {
         timed(
             "take_shard",
