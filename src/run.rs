@@ -495,6 +495,7 @@ async fn run_cluster(args: RunArgs) -> anyhow::Result<()> {
         client: client.clone(),
         engine: engine.clone(),
         status,
+        secrets: Default::default(),
     });
     let scopes = if scope.0.is_empty() { 1 } else { scope.0.len() };
     let (subs_synced, subs_rx) = tokio::sync::mpsc::unbounded_channel();

@@ -3,7 +3,8 @@
 //!
 //! - [`watch`]: what is watched (subscriptions, the Secrets they reference as metadata,
 //!   quotas) and the start-up purge of subscriptions deleted while herald was down;
-//! - [`reconcile`]: one subscription's reconcile and its finalizer `herald.dev/purge`;
+//! - [`reconcile`]: one subscription's reconcile and its finalizer `herald.dev/purge`, and
+//!   [`secret_reads`]: the Secret values reconciles read, shared for a few seconds;
 //! - [`conditions`]: the pure decisions (status conditions, Events, which quota is in force);
 //! - [`status`]: writing status (coalesced), and [`events`]: writing Events;
 //! - [`access_review`]: TokenReview and SubjectAccessReview behind the ingest API;
@@ -13,6 +14,7 @@ pub mod access_review;
 pub mod conditions;
 pub mod events;
 pub mod reconcile;
+pub mod secret_reads;
 pub mod shard_leases;
 pub mod status;
 pub mod watch;

@@ -14,6 +14,7 @@ use kube::runtime::finalizer::{Event as Finalizer, finalizer};
 use kube::{Resource, ResourceExt};
 
 use super::conditions::{Announcement, Problem, REENABLE_ANNOTATION, reenable_requested};
+use super::secret_reads::SecretReads;
 use super::status::{Entry, StatusWriter};
 use super::{Error, Result};
 use crate::api::{WebhookSubscription, WebhookSubscriptionSpec};
@@ -26,6 +27,7 @@ pub struct Context {
     pub client: kube::Client,
     pub engine: Arc<Engine>,
     pub status: Arc<StatusWriter>,
+    pub secrets: SecretReads,
 }
 
 pub async fn reconcile(obj: Arc<WebhookSubscription>, ctx: Arc<Context>) -> Result<Action> {
@@ -77,7 +79,7 @@ async fn apply(obj: &WebhookSubscription, ctx: &Context) -> Result<Action> {
     let name = obj.name_any();
     let known = ctx.status.entry(&uid);
 
-    let secrets = resolve_secrets(&ctx.client, &namespace, &obj.spec).await?;
+    let secrets = resolve_secrets(ctx, &namespace, &obj.spec).await?;
     let unreadable = secrets.as_ref().err().map(|p| format!("{p:?}"));
     let digest = crate::delivery::config_digest(
         &obj.spec,
@@ -214,19 +216,23 @@ async fn cleanup(obj: &WebhookSubscription, ctx: &Context) -> Result<Action> {
 /// read. An API error (the API server is away) is an error of the reconcile, retried; it
 /// never becomes a status.
 async fn resolve_secrets(
-    client: &kube::Client,
+    ctx: &Context,
     namespace: &str,
     spec: &WebhookSubscriptionSpec,
 ) -> Result<std::result::Result<Vec<String>, Problem>> {
-    let api: Api<Secret> = Api::namespaced(client.clone(), namespace);
+    let api: Api<Secret> = Api::namespaced(ctx.client.clone(), namespace);
     let mut values = Vec::new();
     for reference in
         std::iter::once(&spec.signing.secret_ref).chain(&spec.signing.additional_secret_refs)
     {
-        let Some(secret) = api.get_opt(&reference.name).await? else {
+        let fetch = async {
+            let secret = api.get_opt(&reference.name).await?;
+            Ok(secret.map(|s| Arc::new(s.data.unwrap_or_default())))
+        };
+        let Some(data) = ctx.secrets.read(namespace, &reference.name, fetch).await? else {
             return Ok(Err(Problem::SecretNotFound(reference.name.clone())));
         };
-        let Some(bytes) = secret.data.as_ref().and_then(|d| d.get(&reference.key)) else {
+        let Some(bytes) = data.get(&reference.key) else {
             return Ok(Err(Problem::SecretKeyMissing(
                 reference.name.clone(),
                 reference.key.clone(),

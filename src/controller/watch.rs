@@ -4,9 +4,9 @@
 //! while herald was down, before anything is dispatched.
 //!
 //! Memory: the subscription cache holds each object without its managedFields (and is where
-//! the status writer reads the status each one shows); Secrets are
-//! watched as metadata only and not cached at all (a reconcile reads the referenced Secrets
-//! with a GET), so no Secret value is held beyond the digest the status writer keeps.
+//! the status writer reads the status each one shows); Secrets are watched as metadata only
+//! and not cached (a reconcile reads the referenced Secrets with a GET, which other
+//! reconciles reuse for a few seconds: `secret_reads`).
 
 use std::collections::{BTreeSet, HashSet};
 use std::sync::Arc;
@@ -161,6 +161,8 @@ pub async fn run_subscriptions(
     concurrency: u16,
     synced: tokio::sync::mpsc::UnboundedSender<()>,
 ) {
+    let sweeper = ctx.clone();
+    tokio::spawn(async move { sweeper.secrets.keep_swept().await });
     let mut controllers = Vec::new();
     let secret_apis = scope.apis::<PartialObjectMeta<Secret>>(&ctx.client);
     for (api, secrets) in scope
@@ -202,10 +204,18 @@ pub async fn run_subscriptions(
             .default_backoff()
             .touched_objects()
             .predicate_filter(predicates::resource_version, Default::default());
-        let index = reader.clone();
+        let (index, reads) = (reader.clone(), ctx.clone());
         let controller = Controller::for_stream(subscriptions, reader)
             .with_config(kube::runtime::controller::Config::default().concurrency(concurrency))
-            .watches_stream(secret_changes, move |secret| referencing(&index, &secret))
+            .watches_stream(secret_changes, move |secret| {
+                // Before the reconciles it starts, which must read the Secret again.
+                if let (Some(namespace), Some(name)) =
+                    (secret.namespace(), secret.metadata.name.as_deref())
+                {
+                    reads.secrets.changed(&namespace, name);
+                }
+                referencing(&index, &secret)
+            })
             .run(reconcile, error_policy, ctx.clone())
             .for_each(|result| async move {
                 if let Err(e) = result {
