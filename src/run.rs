@@ -625,6 +625,11 @@ async fn run_standalone(args: RunArgs, config_dir: PathBuf) -> anyhow::Result<()
 }
 
 async fn log_notices(engine: Arc<Engine>) {
+    // The level is fixed at start. Without attempt logging nothing listens, so the engine
+    // does not build a notice per attempt only to wake this task for nothing.
+    if !tracing::enabled!(target: "herald::attempts", tracing::Level::DEBUG) {
+        return;
+    }
     let mut notices = engine.notices();
     loop {
         match notices.recv().await {

@@ -1030,21 +1030,25 @@ impl Engine {
         drop(inner);
         self.wakeup.notify_one();
 
-        let _ = self.notices.send(Notice::Attempt {
-            namespace: config.namespace.to_string(),
-            name: config.name.to_string(),
-            event_id: claimed.event_id.clone(),
-            attempt: claimed.attempt,
-            outcome: result.outcome,
-            status_code: result.status,
-            latency_ms: record.latency_ms,
-            next: match next {
-                Next::Delivered => "delivered",
-                Next::Retry { .. } => "retry",
-                Next::DeadLetter => "dead-letter",
-            },
-            message: record.message,
-        });
+        // Built only for a listener (in standalone mode there is none unless attempts are
+        // logged): it copies names, the event id and the message.
+        if self.notices.receiver_count() > 0 {
+            let _ = self.notices.send(Notice::Attempt {
+                namespace: config.namespace.to_string(),
+                name: config.name.to_string(),
+                event_id: claimed.event_id.clone(),
+                attempt: claimed.attempt,
+                outcome: result.outcome,
+                status_code: result.status,
+                latency_ms: record.latency_ms,
+                next: match next {
+                    Next::Delivered => "delivered",
+                    Next::Retry { .. } => "retry",
+                    Next::DeadLetter => "dead-letter",
+                },
+                message: record.message,
+            });
+        }
         if let Ok(done) = completion
             && done.disabled_now
         {
