@@ -297,14 +297,32 @@ fn writer(conn: Connection, mut rx: mpsc::UnboundedReceiver<Job>, failing: Arc<A
     }
 }
 
+/// A subscription's counters and flags, read after every upsert (each subscription at each
+/// start) and for every status write.
+const STATE_OF: &str = "SELECT live, disabled, consecutive_failures, delivered, failed,
+            dead_lettered,
+            (SELECT count(*) FROM deliveries WHERE sub_uid = ?1 AND state IN (0, 1)),
+            (SELECT count(*) FROM deliveries WHERE sub_uid = ?1 AND state = 3)
+     FROM subscriptions WHERE uid = ?1";
+
+/// Creates or updates a live subscription (a tombstoned uid stays dead).
+const UPSERT_SUBSCRIPTION: &str = "INSERT INTO subscriptions
+         (uid, namespace, name, paused, disable_after, shard)
+     VALUES (?1, ?2, ?3, ?4, ?5, ?6)
+     ON CONFLICT (uid) DO UPDATE SET paused = excluded.paused,
+         disable_after = excluded.disable_after, name = excluded.name,
+         shard = excluded.shard
+     WHERE subscriptions.live = 1
+         -- Unchanged (every subscription, at each start): no page is written,
+         -- so the commit has nothing to sync.
+         AND (subscriptions.paused, subscriptions.disable_after,
+              subscriptions.name, subscriptions.shard)
+             IS NOT (excluded.paused, excluded.disable_after,
+                     excluded.name, excluded.shard)";
+
 fn state_of(conn: &Connection, uid: &str) -> rusqlite::Result<Option<SubscriptionState>> {
-    conn.query_row(
-        "SELECT live, disabled, consecutive_failures, delivered, failed, dead_lettered,
-                (SELECT count(*) FROM deliveries WHERE sub_uid = ?1 AND state IN (0, 1)),
-                (SELECT count(*) FROM deliveries WHERE sub_uid = ?1 AND state = 3)
-         FROM subscriptions WHERE uid = ?1",
-        [uid],
-        |r| {
+    conn.prepare_cached(STATE_OF)?
+        .query_row([uid], |r| {
             Ok(SubscriptionState {
                 live: r.get(0)?,
                 disabled: r.get(1)?,
@@ -315,37 +333,22 @@ fn state_of(conn: &Connection, uid: &str) -> rusqlite::Result<Option<Subscriptio
                 pending: count(r, 6)?,
                 dead: count(r, 7)?,
             })
-        },
-    )
-    .optional()
+        })
+        .optional()
 }
 
 #[async_trait]
 impl Store for SqliteStore {
     async fn upsert_subscription(&self, sub: SubscriptionRecord) -> Result<SubscriptionState> {
         self.run(Durability::Synced, move |conn| {
-            conn.execute(
-                "INSERT INTO subscriptions (uid, namespace, name, paused, disable_after, shard)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6)
-                 ON CONFLICT (uid) DO UPDATE SET paused = excluded.paused,
-                     disable_after = excluded.disable_after, name = excluded.name,
-                     shard = excluded.shard
-                 WHERE subscriptions.live = 1
-                     -- Unchanged (every subscription, at each start): no page is written,
-                     -- so the commit has nothing to sync.
-                     AND (subscriptions.paused, subscriptions.disable_after,
-                          subscriptions.name, subscriptions.shard)
-                         IS NOT (excluded.paused, excluded.disable_after,
-                                 excluded.name, excluded.shard)",
-                params![
-                    sub.uid,
-                    sub.namespace,
-                    sub.name,
-                    sub.paused,
-                    sub.disable_after,
-                    sub.shard
-                ],
-            )?;
+            conn.prepare_cached(UPSERT_SUBSCRIPTION)?.execute(params![
+                sub.uid,
+                sub.namespace,
+                sub.name,
+                sub.paused,
+                sub.disable_after,
+                sub.shard
+            ])?;
             Ok(state_of(conn, &sub.uid)?.unwrap_or_default())
         })
         .await
@@ -941,13 +944,20 @@ mod tests {
                 .await
                 .unwrap();
         }
-        let reprepared = store
+        // Every start upserts each subscription again and reads its state (and the status
+        // writer reads it too): one prepared statement each, not a parse per call.
+        for uid in uids {
+            store.upsert_subscription(sub(uid)).await.unwrap();
+            store.subscription_state(uid).await.unwrap();
+        }
+        let (reprepared, runs) = store
             .run(Durability::Relaxed, |conn| {
-                let status = |sql| {
-                    conn.prepare_cached(sql)
-                        .map(|s| s.get_status(rusqlite::StatementStatus::RePrepare))
-                };
-                Ok((status(CLAIM)?, status(COUNT_ATTEMPT)?))
+                let status = |sql, what| conn.prepare_cached(sql).map(|s| s.get_status(what));
+                use rusqlite::StatementStatus::{RePrepare, Run};
+                Ok((
+                    (status(CLAIM, RePrepare)?, status(COUNT_ATTEMPT, RePrepare)?),
+                    (status(UPSERT_SUBSCRIPTION, Run)?, status(STATE_OF, Run)?),
+                ))
             })
             .await
             .unwrap();
@@ -955,6 +965,11 @@ mod tests {
             reprepared,
             (0, 0),
             "(claim, count attempt) re-prepared this often"
+        );
+        assert_eq!(
+            runs,
+            (4, 6),
+            "(upsert, state) run this often on their cached statements"
         );
         drop(store);
         let _ = std::fs::remove_dir_all(dir);
