@@ -295,6 +295,99 @@ impl Loader {
     /// error the manifests read so far are incomplete: a caller refuses the whole folder.
     pub fn add_text(&mut self, source: &str, position: usize, text: &str) -> anyhow::Result<()> {
         self.manifests.files += 1;
+        let Manifests {
+            subscriptions,
+            quotas,
+            secrets,
+            ..
+        } = &mut self.manifests;
+        let rules = &self.rules;
+        // The schema's CEL rules cost more than reading the YAML (100,000 subscriptions: half
+        // the start-up), so subscriptions are checked on a thread of their own while the next
+        // ones are read.
+        let (to_check, unchecked) = std::sync::mpsc::sync_channel(CHECK_QUEUE);
+        std::thread::scope(|scope| {
+            let checker =
+                scope.spawn(move || check_subscriptions(rules, source, unchecked, subscriptions));
+            let mut reader = Reader {
+                source,
+                position,
+                quotas,
+                secrets,
+                to_check,
+            };
+            let read = reader.read(text);
+            // Closes the queue: the checker finishes what was read, then stops.
+            drop(reader);
+            let checked = checker
+                .join()
+                .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+            // The checker stops at its first error and the reader at the next document it
+            // hands over, so the checker's error is always the earlier one in the file.
+            checked.and(read)
+        })
+    }
+
+    /// What was read so far; the loader starts again empty.
+    pub fn take(&mut self) -> Manifests {
+        std::mem::take(&mut self.manifests)
+    }
+}
+
+/// How many subscriptions read may wait for their check: enough to keep both threads busy,
+/// few enough to cost no memory worth counting.
+const CHECK_QUEUE: usize = 256;
+
+/// A subscription read and typed, on its way to the CEL check.
+struct Unchecked {
+    key: Key,
+    line: u64,
+    spec: WebhookSubscriptionSpec,
+}
+
+/// How every error about a document starts: file, line, kind and object.
+fn context(source: &str, line: u64, kind: &str, key: &Key, what: &str) -> String {
+    format!("{source}: line {line}: {kind} {}/{}: {what}", key.0, key.1)
+}
+
+/// The checking side of [`Loader::add_text`]: each subscription against the schema's CEL
+/// rules, as the API server would apply them, then into the manifests. Stops at the first
+/// error.
+fn check_subscriptions(
+    rules: &SubscriptionRules,
+    source: &str,
+    unchecked: std::sync::mpsc::Receiver<Unchecked>,
+    subscriptions: &mut BTreeMap<Key, WebhookSubscriptionSpec>,
+) -> anyhow::Result<()> {
+    const KIND: &str = "WebhookSubscription";
+    for Unchecked { key, line, spec } in unchecked {
+        rules
+            .check(&key.1, &spec)
+            .map_err(|e| anyhow::anyhow!(context(source, line, KIND, &key, &e)))?;
+        if subscriptions.contains_key(&key) {
+            anyhow::bail!(context(source, line, KIND, &key, "declared twice"));
+        }
+        subscriptions.insert(key, spec);
+    }
+    Ok(())
+}
+
+/// The reading side of [`Loader::add_text`]: documents one at a time, quotas and Secrets
+/// kept, subscriptions typed and handed to the checker.
+struct Reader<'a> {
+    source: &'a str,
+    position: usize,
+    quotas: &'a mut BTreeMap<Key, Quota>,
+    secrets: &'a mut HashMap<Key, HashMap<String, String>>,
+    to_check: std::sync::mpsc::SyncSender<Unchecked>,
+}
+
+/// Whether to read on: false once the checker has stopped (at an error of its own).
+type ReadOn = bool;
+
+impl Reader<'_> {
+    fn read(&mut self, text: &str) -> anyhow::Result<()> {
+        let source = self.source;
         // One document at a time: a file may hold every subscription of a large installation,
         // and all its documents parsed at once take several times what is kept of them
         // (100,000 in one file: a 416 MB peak).
@@ -309,7 +402,9 @@ impl Loader {
                 continue;
             }
             documents += 1;
-            self.add_document(source, position, spanned)?;
+            if !self.add_document(spanned)? {
+                return Ok(());
+            }
         }
         if documents == 0 {
             // What a file being written (or truncated) looks like: never a removal.
@@ -322,12 +417,8 @@ impl Loader {
     }
 
     /// Adds one document of a file.
-    fn add_document(
-        &mut self,
-        source: &str,
-        position: usize,
-        spanned: serde_saphyr::Spanned<Value>,
-    ) -> anyhow::Result<()> {
+    fn add_document(&mut self, spanned: serde_saphyr::Spanned<Value>) -> anyhow::Result<ReadOn> {
+        let source = self.source;
         let line = spanned.referenced.line();
         let doc = spanned.value;
         let kind = doc
@@ -343,25 +434,18 @@ impl Loader {
             })?
             .to_string();
         let key = (namespace_of(&doc), name.clone());
-        let context =
-            |what: &str| format!("{source}: line {line}: {kind} {}/{}: {what}", key.0, key.1);
+        let context = |what: &str| context(source, line, &kind, &key, what);
         match kind.as_str() {
             "WebhookSubscription" => {
                 let spec: WebhookSubscriptionSpec =
                     typed(doc.get("spec").cloned().unwrap_or(Value::Null), "spec")
                         .map_err(|e| anyhow::anyhow!(context(&e)))?;
-                // The schema's CEL rules, as the API server would apply them.
-                self.rules
-                    .check(&name, &spec)
-                    .map_err(|e| anyhow::anyhow!(context(&e)))?;
-                if self
-                    .manifests
-                    .subscriptions
-                    .insert(key.clone(), spec)
-                    .is_some()
-                {
-                    anyhow::bail!(context("declared twice"));
-                }
+                let unchecked = Unchecked {
+                    key: key.clone(),
+                    line,
+                    spec,
+                };
+                return Ok(self.to_check.send(unchecked).is_ok());
             }
             "WebhookQuota" => {
                 let spec: WebhookQuotaSpec =
@@ -386,9 +470,9 @@ impl Loader {
                 let quota = Quota {
                     spec,
                     created,
-                    file: position,
+                    file: self.position,
                 };
-                if self.manifests.quotas.insert(key.clone(), quota).is_some() {
+                if self.quotas.insert(key.clone(), quota).is_some() {
                     anyhow::bail!(context("declared twice"));
                 }
             }
@@ -412,7 +496,7 @@ impl Loader {
                     values.insert(k, String::from_utf8_lossy(&decoded).into_owned());
                 }
                 values.extend(string_data.unwrap_or_default());
-                if self.manifests.secrets.insert(key.clone(), values).is_some() {
+                if self.secrets.insert(key.clone(), values).is_some() {
                     anyhow::bail!(context("declared twice"));
                 }
             }
@@ -420,12 +504,7 @@ impl Loader {
                 tracing::info!(file = %source, kind = other, name, "skipping a manifest herald does not use")
             }
         }
-        Ok(())
-    }
-
-    /// What was read so far; the loader starts again empty.
-    pub fn take(&mut self) -> Manifests {
-        std::mem::take(&mut self.manifests)
+        Ok(true)
     }
 }
 
@@ -890,6 +969,42 @@ spec:
     }
 
     /// Defect 1: what a half-written configuration looks like must never read as a removal.
+    #[test]
+    fn the_first_error_in_a_file_is_the_one_named() {
+        // Subscriptions are checked on a thread of their own while later documents are read:
+        // whichever side fails first in the file is the error named, and all read is kept.
+        let subs: String = (0..3000)
+            .map(|i| {
+                let sub = SUB.replace("URL", "https://example.com/h");
+                format!(
+                    "---\n{}",
+                    sub.replace("name: orders", &format!("name: o{i}"))
+                )
+            })
+            .collect();
+        let dir = folder(&[("a.yaml", &subs)]);
+        assert_eq!(load(&dir).unwrap().subscriptions.len(), 3000);
+        let _ = std::fs::remove_dir_all(dir);
+        let refused = format!("---\n{}", SUB.replace("URL", "ftp://example.com/h"));
+        let nameless = "---\nkind: Secret\nmetadata: {namespace: shop}\n";
+        let cases = [
+            (
+                format!("{subs}{refused}{nameless}"),
+                "/a.yaml: line 24002: WebhookSubscription shop/orders: ",
+            ),
+            (
+                format!("{subs}{nameless}{refused}"),
+                "/a.yaml: line 24002: a Secret without metadata.name",
+            ),
+        ];
+        for (text, named) in cases {
+            let dir = folder(&[("a.yaml", &text)]);
+            let e = format!("{:#}", load(&dir).expect_err("accepted"));
+            assert!(e.contains(named), "{e}");
+            let _ = std::fs::remove_dir_all(dir);
+        }
+    }
+
     #[test]
     fn half_written_folders_are_errors_not_removals() {
         let good = SUB.replace("URL", "https://example.com/h");
