@@ -1321,6 +1321,23 @@ mod tests {
         let _ = std::fs::remove_dir_all(dir);
     }
 
+    /// A running engine delivering `hook(address)`, sharing work by `ownership` (one shard),
+    /// that has taken shard 0 at epoch 1 and holds it for a minute.
+    async fn holding_the_only_shard(
+        store: Arc<dyn Store>,
+        ownership: Arc<Ownership>,
+        address: std::net::SocketAddr,
+    ) -> Arc<Engine> {
+        let engine = test_engine(store.clone());
+        engine.share_by_shards(ownership);
+        engine.upsert(hook(address)).await.unwrap();
+        engine.recover().await.unwrap();
+        engine.spawn();
+        assert!(store.take_shard(0, "me", 1, now_ms()).await.unwrap());
+        engine.hold_shard(0, 1, std::time::Instant::now() + Duration::from_secs(60));
+        engine
+    }
+
     /// A lane that found its shard's hold past its deadline (a slow Lease round) rests; the
     /// renewal of that hold at the same epoch must wake it, or its due work waits for the
     /// next publish (found by the scale-out test: 10 acknowledged events never delivered).
@@ -1329,14 +1346,8 @@ mod tests {
         let (address, hits) = counting_receiver().await;
         let dir = std::env::temp_dir().join(format!("herald-engine-{}", uuid::Uuid::now_v7()));
         let store = Arc::new(SqliteStore::open(&dir).unwrap());
-        let engine = test_engine(store.clone());
-        engine.share_by_shards(Arc::new(Ownership::new(1)));
-        engine.upsert(hook(address)).await.unwrap();
-        engine.recover().await.unwrap();
-        engine.spawn();
-        assert!(store.take_shard(0, "me", 1, now_ms()).await.unwrap());
+        let engine = holding_the_only_shard(store, Arc::new(Ownership::new(1)), address).await;
         let later = || std::time::Instant::now() + Duration::from_secs(60);
-        engine.hold_shard(0, 1, later());
         // The round that should have renewed it came late: the hold lapses.
         engine.hold_shard(0, 1, std::time::Instant::now());
 
@@ -1367,14 +1378,8 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("herald-engine-{}", uuid::Uuid::now_v7()));
         let ownership = Arc::new(Ownership::new(1));
         let store = Arc::new(FaultyStore::new(&dir, 0, Some(ownership.clone())));
-        let engine = test_engine(store.clone());
-        engine.share_by_shards(ownership);
-        engine.upsert(hook(address)).await.unwrap();
-        engine.recover().await.unwrap();
-        engine.spawn();
-        assert!(store.take_shard(0, "me", 1, now_ms()).await.unwrap());
+        let engine = holding_the_only_shard(store.clone(), ownership, address).await;
         let later = || std::time::Instant::now() + Duration::from_secs(60);
-        engine.hold_shard(0, 1, later());
 
         publish(&engine, "evt-1").await;
         let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
