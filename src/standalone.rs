@@ -968,7 +968,6 @@ spec:
         let _ = std::fs::remove_dir_all(dir);
     }
 
-    /// Defect 1: what a half-written configuration looks like must never read as a removal.
     #[test]
     fn the_first_error_in_a_file_is_the_one_named() {
         // Subscriptions are checked on a thread of their own while later documents are read:
@@ -1005,6 +1004,7 @@ spec:
         }
     }
 
+    /// Defect 1: what a half-written configuration looks like must never read as a removal.
     #[test]
     fn half_written_folders_are_errors_not_removals() {
         let good = SUB.replace("URL", "https://example.com/h");
