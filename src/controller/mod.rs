@@ -6,7 +6,8 @@
 //! - [`reconcile`]: one subscription's reconcile and its finalizer `herald.dev/purge`, and
 //!   [`secret_reads`]: the Secret values reconciles read, shared for a few seconds;
 //! - [`conditions`]: the pure decisions (status conditions, Events, which quota is in force);
-//! - [`status`]: writing status (coalesced), and [`events`]: writing Events;
+//! - [`status`]: writing status (coalesced), computed from what the object shows
+//!   ([`shown`]), and [`events`]: writing Events;
 //! - [`access_review`]: TokenReview and SubjectAccessReview behind the ingest API;
 //! - [`shard_leases`]: with several replicas, which shards this one delivers for.
 
@@ -16,6 +17,7 @@ pub mod events;
 pub mod reconcile;
 pub mod secret_reads;
 pub mod shard_leases;
+pub mod shown;
 pub mod status;
 pub mod watch;
 

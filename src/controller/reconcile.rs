@@ -124,7 +124,10 @@ async fn apply(obj: &WebhookSubscription, ctx: &Context) -> Result<Action> {
     let handled = known
         .as_ref()
         .and_then(|k| k.reenable_handled.clone())
-        .or_else(|| obj.status.as_ref().and_then(|s| s.reenable_handled.clone()));
+        .or_else(|| {
+            let shown = known.as_ref()?.shown.as_ref()?;
+            shown.reenable_handled.as_deref().map(String::from)
+        });
     let annotation = obj
         .annotations()
         .get(REENABLE_ANNOTATION)
@@ -147,23 +150,20 @@ async fn apply(obj: &WebhookSubscription, ctx: &Context) -> Result<Action> {
         None => handled,
     };
 
-    ctx.status.observe(
-        Entry {
-            uid: uid.clone(),
-            namespace: namespace.clone(),
-            name: name.clone(),
-            generation: obj.meta().generation,
-            url: obj.spec.url.clone(),
-            paused: obj.spec.paused,
-            disable_after: obj.spec.disable_after_consecutive_failures,
-            problem,
-            reenable_handled: handled.clone(),
-            applied,
-            reconciled: Some(reconcile_digest(obj)),
-            ..Default::default()
-        },
-        obj.status.as_ref(),
-    );
+    ctx.status.observe(Entry {
+        uid: uid.clone(),
+        namespace: namespace.clone(),
+        name: name.clone(),
+        generation: obj.meta().generation,
+        url: obj.spec.url.clone(),
+        paused: obj.spec.paused,
+        disable_after: obj.spec.disable_after_consecutive_failures,
+        problem,
+        reenable_handled: handled.clone(),
+        applied,
+        reconciled: Some(reconcile_digest(obj)),
+        ..Default::default()
+    });
     if reenabled {
         ctx.status
             .announce(

@@ -6,27 +6,27 @@
 //! outcome changes the status.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, MutexGuard, RwLock};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, Patch, PatchParams};
-use kube::runtime::reflector::{ObjectRef, Store};
 use serde_json::json;
 
 use super::conditions::{Announcement, Facts, Problem, subscription_status};
 use super::events::{EventWriter, Note};
-use crate::api::{LastAttempt, WebhookQuota, WebhookSubscription, WebhookSubscriptionStatus};
+use super::shown::{Shown, digest as status_digest};
+use crate::api::{LastAttempt, WebhookQuota, WebhookSubscription};
 use crate::delivery::{Engine, Notice};
 
 /// The field manager of every write herald makes.
 pub const FIELD_MANAGER: &str = "herald";
 
-/// What herald keeps per subscription between reconciles: what the status is computed from,
-/// and a digest of what was last written. Small and fixed in size; neither the spec nor the
-/// status is kept (the watch cache has both).
+/// What herald keeps per subscription: what the status is computed from (the last reconcile's
+/// findings, and what the object shows), and a digest of what was last written. Recorded
+/// when the watch first sees the object; the spec is not kept (the watch cache has it).
 #[derive(Clone, Debug, Default)]
 pub struct Entry {
     pub uid: String,
@@ -42,9 +42,11 @@ pub struct Entry {
     pub applied: Option<[u8; 32]>,
     /// The object's `reconcile_digest` at this reconcile.
     pub reconciled: Option<u64>,
-    pub(super) last_attempt: Option<LastAttempt>,
-    /// A digest of the status herald last wrote. The status itself is not kept here: the
-    /// watch cache holds the object as the API server has it, status included.
+    /// Boxed: most subscriptions are idle, and a LastAttempt is about a hundred bytes.
+    pub(super) last_attempt: Option<Box<LastAttempt>>,
+    /// What the object shows now (from the watch), None while it shows no status.
+    pub(super) shown: Option<Shown>,
+    /// A digest of the status herald last wrote.
     pub(super) written: Option<u64>,
     pub(super) written_at: Option<Instant>,
     pub(super) dirty: bool,
@@ -56,7 +58,6 @@ struct Book {
     /// Boxed: a table keeps up to twice as many slots as entries, and an Entry is hundreds
     /// of bytes.
     entries: HashMap<String, Box<Entry>>,
-    by_name: HashMap<(String, String), String>,
 }
 
 pub struct StatusWriter {
@@ -65,9 +66,6 @@ pub struct StatusWriter {
     events: EventWriter,
     interval: Duration,
     book: Mutex<Book>,
-    /// The controllers' watch caches (one per watched namespace, or one for all): the
-    /// status each subscription shows now, which the next one is computed from.
-    caches: RwLock<Vec<Store<WebhookSubscription>>>,
 }
 
 fn reference(namespace: &str, name: &str, uid: &str) -> ObjectReference {
@@ -89,27 +87,7 @@ impl StatusWriter {
             engine,
             interval,
             book: Mutex::new(Book::default()),
-            caches: RwLock::default(),
         })
-    }
-
-    /// Reads the status subscriptions show from this watch cache.
-    pub fn read_from(&self, cache: Store<WebhookSubscription>) {
-        self.caches
-            .write()
-            .unwrap_or_else(|e| e.into_inner())
-            .push(cache);
-    }
-
-    /// The status the object shows now, if the watch cache has this object (same uid).
-    fn shown(&self, namespace: &str, name: &str, uid: &str) -> Option<WebhookSubscriptionStatus> {
-        let key = ObjectRef::new(name).within(namespace);
-        let caches = self.caches.read().unwrap_or_else(|e| e.into_inner());
-        caches
-            .iter()
-            .find_map(|cache| cache.get(&key))
-            .filter(|obj| obj.metadata.uid.as_deref() == Some(uid))
-            .and_then(|obj| obj.status.clone())
     }
 
     fn book(&self) -> MutexGuard<'_, Book> {
@@ -118,7 +96,40 @@ impl StatusWriter {
 
     /// Whether a reconcile has recorded the subscription.
     pub fn knows(&self, uid: &str) -> bool {
-        self.book().entries.contains_key(uid)
+        self.book()
+            .entries
+            .get(uid)
+            .is_some_and(|e| e.reconciled.is_some())
+    }
+
+    /// Records the status a watched object shows, before the watch cache drops it. An
+    /// object being deleted is not added (its cleanup may never come to forget it).
+    pub fn saw(&self, obj: &WebhookSubscription) {
+        let (Some(uid), Some(namespace), Some(name)) = (
+            obj.metadata.uid.as_deref(),
+            obj.metadata.namespace.as_deref(),
+            obj.metadata.name.as_deref(),
+        ) else {
+            return;
+        };
+        let shown = obj.status.as_ref().map(Shown::of);
+        let mut book = self.book();
+        match book.entries.get_mut(uid) {
+            Some(entry) => entry.shown = shown,
+            None if obj.metadata.deletion_timestamp.is_none() => {
+                book.entries.insert(
+                    uid.to_string(),
+                    Box::new(Entry {
+                        uid: uid.to_string(),
+                        namespace: namespace.to_string(),
+                        name: name.to_string(),
+                        shown,
+                        ..Default::default()
+                    }),
+                );
+            }
+            None => {}
+        }
     }
 
     /// Whether a watched object changed, in what its reconcile reads, since it was last
@@ -135,48 +146,37 @@ impl StatusWriter {
         self.book().entries.get(uid).map(|e| Entry::clone(e))
     }
 
-    /// Records a reconcile's findings. `current` is the status the object carries; the
-    /// first time herald sees it (for example after a restart) its last attempt is kept.
-    pub fn observe(&self, entry: Entry, current: Option<&WebhookSubscriptionStatus>) {
+    /// Records a reconcile's findings. Until herald has seen an attempt of its own, the
+    /// last attempt is the one the object shows (for example after a restart).
+    pub fn observe(&self, entry: Entry) {
         let mut book = self.book();
-        let key = (entry.namespace.clone(), entry.name.clone());
         let uid = entry.uid.clone();
-        let merged = match book.entries.remove(&uid).map(|old| *old) {
-            Some(old) => Entry {
-                last_attempt: old.last_attempt,
-                written: old.written,
-                written_at: old.written_at,
-                ..entry
-            },
-            None => Entry {
-                last_attempt: current.and_then(|s| s.last_attempt.clone()),
-                ..entry
-            },
+        let old = book
+            .entries
+            .remove(&uid)
+            .map(|old| *old)
+            .unwrap_or_default();
+        let merged = Entry {
+            last_attempt: old
+                .last_attempt
+                .or_else(|| old.shown.as_ref().and_then(|s| s.last_attempt.clone())),
+            shown: old.shown,
+            written: old.written,
+            written_at: old.written_at,
+            ..entry
         };
-        if let Some(previous) = book.by_name.insert(key, uid.clone())
-            && previous != uid
-        {
-            // Same name, new object: the old one is gone.
-            book.entries.remove(&previous);
-        }
         book.entries.insert(uid, Box::new(merged));
     }
 
     /// Stops tracking a subscription (its object is gone).
     pub fn forget(&self, uid: &str) {
-        let mut book = self.book();
-        if let Some(entry) = book.entries.remove(uid) {
-            let key = (entry.namespace, entry.name);
-            if book.by_name.get(&key).is_some_and(|u| u == uid) {
-                book.by_name.remove(&key);
-            }
-        }
+        self.book().entries.remove(uid);
     }
 
     /// Computes the subscription's status from what is known now and writes it if it
     /// changed; then records the Events the change deserves.
     pub async fn write(&self, uid: &str) -> Result<(), kube::Error> {
-        let Some(entry) = self.entry(uid) else {
+        let Some(entry) = self.entry(uid).filter(|e| e.reconciled.is_some()) else {
             return Ok(());
         };
         // With several replicas, only the one delivering for the shard writes its status;
@@ -209,22 +209,24 @@ impl StatusWriter {
             disable_after: entry.disable_after,
             problem: entry.problem.as_ref(),
             state: state.as_ref(),
-            last_attempt: entry.last_attempt.as_ref(),
+            last_attempt: entry.last_attempt.as_deref(),
             reenable_handled: entry.reenable_handled.as_deref(),
             shard,
         };
         // Computed from what the object shows, so that conditions keep their transition
-        // times across restarts and shard moves. Just after a write the cache may not show
+        // times across restarts and shard moves. Just after a write the watch may not show
         // it yet: for a while the digest stops the same status being written (and announced)
         // twice. Only for a while: another replica may write the status after this one.
-        let shown = self.shown(&entry.namespace, &entry.name, uid);
-        let (status, announcements) = subscription_status(&facts, shown.as_ref(), Timestamp::now());
+        let shown = entry.shown.as_ref();
+        let previous = shown.map(Shown::as_previous);
+        let (status, announcements) =
+            subscription_status(&facts, previous.as_ref(), Timestamp::now());
         let digest = status_digest(&status);
         let just_written = entry.written == Some(digest)
             && entry
                 .written_at
                 .is_some_and(|at| at.elapsed() < self.interval);
-        if shown.as_ref() == Some(&status) || just_written {
+        if shown.is_some_and(|s| s.digest == digest) || just_written {
             return Ok(());
         }
         let api: Api<WebhookSubscription> = Api::namespaced(self.client.clone(), &entry.namespace);
@@ -311,12 +313,12 @@ impl StatusWriter {
                     message,
                     ..
                 }) => {
-                    let mut book = self.book();
-                    let Some(uid) = book.by_name.get(&(namespace, name)).cloned() else {
+                    // Notices name subscriptions; the engine knows their uids.
+                    let Ok(uid) = self.engine.uid_of(&namespace, &name) else {
                         continue;
                     };
-                    if let Some(entry) = book.entries.get_mut(&uid) {
-                        entry.last_attempt = Some(LastAttempt {
+                    if let Some(entry) = self.book().entries.get_mut(&*uid) {
+                        entry.last_attempt = Some(Box::new(LastAttempt {
                             time: Time(
                                 Timestamp::from_second(Timestamp::now().as_second())
                                     .unwrap_or_else(|_| Timestamp::now()),
@@ -325,7 +327,7 @@ impl StatusWriter {
                             status_code,
                             latency_ms: Some(latency_ms),
                             message: (!message.is_empty()).then_some(message),
-                        });
+                        }));
                         entry.dirty = true;
                     }
                 }
@@ -343,9 +345,8 @@ impl StatusWriter {
                     }
                     | Notice::Enabled { namespace, name },
                 ) => {
-                    let mut book = self.book();
-                    if let Some(uid) = book.by_name.get(&(namespace, name)).cloned()
-                        && let Some(entry) = book.entries.get_mut(&uid)
+                    if let Ok(uid) = self.engine.uid_of(&namespace, &name)
+                        && let Some(entry) = self.book().entries.get_mut(&*uid)
                     {
                         entry.dirty = true;
                         entry.urgent = true;
@@ -375,6 +376,7 @@ impl StatusWriter {
                 .values()
                 .filter(|e| {
                     e.dirty
+                        && e.reconciled.is_some()
                         && self.engine.holds_shard_of(&e.uid)
                         && (e.urgent
                             || e.written_at
@@ -392,15 +394,6 @@ impl StatusWriter {
             }
         }
     }
-}
-
-fn status_digest(status: &WebhookSubscriptionStatus) -> u64 {
-    use std::hash::{Hash, Hasher};
-    let mut hasher = std::collections::hash_map::DefaultHasher::new();
-    serde_json::to_vec(status)
-        .unwrap_or_default()
-        .hash(&mut hasher);
-    hasher.finish()
 }
 
 /// Writes a WebhookQuota's status when it differs from what the object shows.

@@ -3,10 +3,10 @@
 //! to the engine per namespace. Also the start-up pass that purges subscriptions deleted
 //! while herald was down, before anything is dispatched.
 //!
-//! Memory: the subscription cache holds each object without its managedFields (and is where
-//! the status writer reads the status each one shows); Secrets are watched as metadata only
-//! and not cached (a reconcile reads the referenced Secrets with a GET, which other
-//! reconciles reuse for a few seconds: `secret_reads`).
+//! Memory: the subscription cache holds each object without its managedFields and without
+//! its status (the status writer keeps what it needs of that: `shown`); Secrets are watched
+//! as metadata only and not cached (a reconcile reads the referenced Secrets with a GET,
+//! which other reconciles reuse for a few seconds: `secret_reads`).
 
 use std::collections::{BTreeSet, HashSet};
 use std::sync::Arc;
@@ -22,7 +22,7 @@ use kube::{Resource, ResourceExt};
 
 use super::conditions::quota_in_force;
 use super::reconcile::{Context, error_policy, reconcile, reconcile_digest};
-use super::status::write_quota_status;
+use super::status::{StatusWriter, write_quota_status};
 use crate::api::{WebhookQuota, WebhookSubscription};
 use crate::delivery::Engine;
 
@@ -53,11 +53,35 @@ impl Scope {
 
 /// What the cache keeps of a WebhookSubscription: neither managedFields nor annotations
 /// other than herald's own (kubectl's last-applied-configuration alone is a copy of the whole
-/// object), which herald never reads; with 100,000 subscriptions that is most of the cache.
+/// object), which herald never reads, nor the status, of which the status writer has kept
+/// what it reads; with 100,000 subscriptions that is most of the cache.
 fn trim_for_cache(obj: &mut WebhookSubscription) {
     obj.managed_fields_mut().clear();
     obj.annotations_mut()
         .retain(|key, _| key.starts_with("herald.dev/"));
+    obj.status = None;
+}
+
+/// Passes a watch event on to the cache, having shown the status writer the status the
+/// object carries (and told it of an object gone).
+fn record_and_trim(
+    status: &StatusWriter,
+    mut event: watcher::Event<WebhookSubscription>,
+) -> watcher::Event<WebhookSubscription> {
+    match &mut event {
+        watcher::Event::Apply(obj) | watcher::Event::InitApply(obj) => {
+            status.saw(obj);
+            trim_for_cache(obj);
+        }
+        watcher::Event::Delete(obj) => {
+            if let Some(uid) = obj.uid() {
+                status.forget(&uid);
+            }
+            trim_for_cache(obj);
+        }
+        watcher::Event::Init | watcher::Event::InitDone => {}
+    }
+    event
 }
 
 /// Before dispatching anything after a start: every subscription the store holds as live
@@ -171,15 +195,14 @@ pub async fn run_subscriptions(
         .zip(secret_apis)
     {
         let (reader, writer) = reflector::store();
-        ctx.status.read_from(reader.clone());
         // Told from the stream itself: kube-runtime's Store::wait_until_ready wakes only one
         // of several waiters, and the controller is already one.
         let synced = synced.clone();
         let (listed, ready_ctx) = (reader.clone(), ctx.clone());
-        let changes = ctx.status.clone();
+        let (changes, shown) = (ctx.status.clone(), ctx.status.clone());
         let subscriptions = watcher(api, watcher::Config::default())
             .default_backoff()
-            .modify(trim_for_cache)
+            .map_ok(move |event| record_and_trim(&shown, event))
             .reflect(writer)
             .inspect(move |event| {
                 if let Ok(watcher::Event::InitDone) = event {
@@ -331,7 +354,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_cache_keeps_only_herald_annotations() {
+    fn the_cache_keeps_only_herald_annotations_and_no_status() {
         let mut obj: WebhookSubscription = serde_json::from_value(serde_json::json!({
             "apiVersion": "herald.dev/v1alpha1",
             "kind": "WebhookSubscription",
@@ -346,6 +369,7 @@ mod tests {
             },
             "spec": {"url": "https://example.com/hook", "eventTypes": ["*"],
                      "signing": {"secretRef": {"name": "s", "key": "k"}}},
+            "status": {"observedGeneration": 1},
         }))
         .unwrap();
         trim_for_cache(&mut obj);
@@ -353,5 +377,6 @@ mod tests {
         assert_eq!(annotations, ["herald.dev/reenable"]);
         assert!(obj.managed_fields().is_empty());
         assert_eq!(obj.finalizers(), ["herald.dev/purge"]);
+        assert!(obj.status.is_none());
     }
 }

@@ -421,7 +421,8 @@ impl Engine {
         self.lock().subs.values().cloned().collect()
     }
 
-    fn uid_of(&self, namespace: &str, name: &str) -> Result<Arc<str>, EngineError> {
+    /// The uid of the subscription of this name the engine runs.
+    pub fn uid_of(&self, namespace: &str, name: &str) -> Result<Arc<str>, EngineError> {
         self.subscription(namespace, name)
             .map(|c| c.uid.clone())
             .ok_or_else(|| EngineError::NotFound(format!("{namespace}/{name}")))
