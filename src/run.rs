@@ -365,7 +365,7 @@ fn metrics_router(readiness: Arc<Readiness>, engine: Arc<Engine>) -> axum::Route
 }
 
 /// /healthz (the process serves) and /readyz (the store can commit and, in cluster mode,
-/// the caches have their first full list).
+/// every watch has its first full list, and every subscription listed has been reconciled).
 fn health_router(readiness: Arc<Readiness>, engine: Arc<Engine>) -> axum::Router {
     axum::Router::new()
         .route("/healthz", axum::routing::get(|| async { "ok" }))
@@ -512,17 +512,17 @@ async fn run_cluster(args: RunArgs) -> anyhow::Result<()> {
         scope,
         quotas_synced,
     ));
-    // Ready once every cache (one per watched namespace) has had its first full list.
+    // Ready once every watch (one per watched namespace) has had its first full list.
     for (what, mut rx) in [("subscriptions", subs_rx), ("quotas", quotas_rx)] {
         let readiness = readiness.clone();
         tokio::spawn(async move {
             for _ in 0..scopes {
                 if rx.recv().await.is_none() {
-                    tracing::error!(what, "a cache stopped before its first full list");
+                    tracing::error!(what, "a watch stopped before its first full list");
                     return;
                 }
             }
-            tracing::info!(what, "caches have their first full list");
+            tracing::info!(what, "watches have their first full list");
             readiness.done(what);
         });
     }

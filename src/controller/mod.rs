@@ -3,6 +3,8 @@
 //!
 //! - [`watch`]: what is watched (subscriptions, the Secrets they reference as metadata,
 //!   quotas) and the start-up purge of subscriptions deleted while herald was down;
+//! - [`queue`]: which subscriptions to reconcile and when (one at a time per object, a bounded
+//!   number at once, failures retried), from the watch events' objects;
 //! - [`reconcile`]: one subscription's reconcile and its finalizer `herald.dev/purge`, and
 //!   [`secret_reads`]: the Secret values reconciles read, shared for a few seconds;
 //! - [`conditions`]: the pure decisions (status conditions, Events, which quota is in force);
@@ -14,6 +16,7 @@
 pub mod access_review;
 pub mod conditions;
 pub mod events;
+pub mod queue;
 pub mod reconcile;
 pub mod secret_reads;
 pub mod shard_leases;

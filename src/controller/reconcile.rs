@@ -5,7 +5,6 @@
 //! it could still start.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::Api;
@@ -66,11 +65,6 @@ pub fn reconcile_digest(obj: &WebhookSubscription) -> u64 {
     obj.finalizers().hash(&mut hasher);
     obj.annotations().get(REENABLE_ANNOTATION).hash(&mut hasher);
     hasher.finish()
-}
-
-pub fn error_policy(obj: Arc<WebhookSubscription>, error: &Error, _: Arc<Context>) -> Action {
-    tracing::warn!(namespace = ?obj.namespace(), subscription = %obj.name_any(), error = %error, "reconcile failed; retrying in 5s");
-    Action::requeue(Duration::from_secs(5))
 }
 
 async fn apply(obj: &WebhookSubscription, ctx: &Context) -> Result<Action> {
@@ -160,6 +154,10 @@ async fn apply(obj: &WebhookSubscription, ctx: &Context) -> Result<Action> {
         disable_after: obj.spec.disable_after_consecutive_failures,
         problem,
         reenable_handled: handled.clone(),
+        secrets: std::iter::once(&obj.spec.signing.secret_ref)
+            .chain(&obj.spec.signing.additional_secret_refs)
+            .map(|r| Box::from(r.name.as_str()))
+            .collect(),
         applied,
         reconciled: Some(reconcile_digest(obj)),
         ..Default::default()
@@ -182,9 +180,9 @@ async fn apply(obj: &WebhookSubscription, ctx: &Context) -> Result<Action> {
             .await;
     }
     ctx.status.write(&uid).await?;
-    // No periodic requeue: the object and the Secrets it names are watched, and a watch that
-    // breaks is listed again, which brings every changed object back. A requeue would keep
-    // an entry per subscription in the controller's scheduler, idle or not.
+    // No periodic requeue (the queue does not read the Action): the object and the Secrets
+    // it names are watched, and a watch that breaks is listed again, which brings every
+    // changed object back.
     Ok(Action::await_change())
 }
 

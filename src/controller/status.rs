@@ -26,7 +26,7 @@ pub const FIELD_MANAGER: &str = "herald";
 
 /// What herald keeps per subscription: what the status is computed from (the last reconcile's
 /// findings, and what the object shows), and a digest of what was last written. Recorded
-/// when the watch first sees the object; the spec is not kept (the watch cache has it).
+/// when the watch first sees the object; the spec is not kept.
 #[derive(Clone, Debug, Default)]
 pub struct Entry {
     pub uid: String,
@@ -38,6 +38,8 @@ pub struct Entry {
     pub disable_after: u32,
     pub problem: Option<Problem>,
     pub reenable_handled: Option<String>,
+    /// The Secrets the spec names, to find the subscriptions a Secret change concerns.
+    pub secrets: Box<[Box<str>]>,
     /// A digest of the spec and secrets the engine runs, to skip unchanged upserts.
     pub applied: Option<[u8; 32]>,
     /// The object's `reconcile_digest` at this reconcile.
@@ -102,7 +104,7 @@ impl StatusWriter {
             .is_some_and(|e| e.reconciled.is_some())
     }
 
-    /// Records the status a watched object shows, before the watch cache drops it. An
+    /// Records the status a watched object shows, before the object is trimmed of it. An
     /// object being deleted is not added (its cleanup may never come to forget it).
     pub fn saw(&self, obj: &WebhookSubscription) {
         let (Some(uid), Some(namespace), Some(name)) = (
@@ -166,6 +168,20 @@ impl StatusWriter {
             ..entry
         };
         book.entries.insert(uid, Box::new(merged));
+    }
+
+    /// The reconciled subscriptions whose spec names this Secret.
+    pub fn referencing(&self, namespace: &str, secret: &str) -> Vec<(String, String)> {
+        self.book()
+            .entries
+            .values()
+            .filter(|e| {
+                e.reconciled.is_some()
+                    && e.namespace == namespace
+                    && e.secrets.iter().any(|s| &**s == secret)
+            })
+            .map(|e| (e.namespace.clone(), e.name.clone()))
+            .collect()
     }
 
     /// Stops tracking a subscription (its object is gone).

@@ -3,26 +3,27 @@
 //! to the engine per namespace. Also the start-up pass that purges subscriptions deleted
 //! while herald was down, before anything is dispatched.
 //!
-//! Memory: the subscription cache holds each object without its managedFields and without
-//! its status (the status writer keeps what it needs of that: `shown`); Secrets are watched
-//! as metadata only and not cached (a reconcile reads the referenced Secrets with a GET,
-//! which other reconciles reuse for a few seconds: `secret_reads`).
+//! Memory: no subscription object is cached. The object a watch event carries waits in the
+//! reconcile queue (`queue`) until reconciled, trimmed of what herald never reads and of its
+//! status (the status writer keeps what it needs of that: `shown`). Secrets are watched as
+//! metadata only and not cached (a reconcile reads the referenced Secrets with a GET, which
+//! other reconciles reuse for a few seconds: `secret_reads`).
 
-use std::collections::{BTreeSet, HashSet};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 
-use futures::{StreamExt, TryStreamExt};
+use futures::{FutureExt, StreamExt};
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, ListParams};
 use kube::core::PartialObjectMeta;
-use kube::runtime::controller::Controller;
-use kube::runtime::reflector::{self, ObjectRef, Store};
-use kube::runtime::{WatchStreamExt, predicates, watcher};
+use kube::runtime::reflector::{self, Store};
+use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Resource, ResourceExt};
 
 use super::conditions::quota_in_force;
-use super::reconcile::{Context, error_policy, reconcile, reconcile_digest};
-use super::status::{StatusWriter, write_quota_status};
+use super::queue::{Key, Queue};
+use super::reconcile::{Context, reconcile_digest};
+use super::status::write_quota_status;
 use crate::api::{WebhookQuota, WebhookSubscription};
 use crate::delivery::Engine;
 
@@ -51,37 +52,15 @@ impl Scope {
     }
 }
 
-/// What the cache keeps of a WebhookSubscription: neither managedFields nor annotations
-/// other than herald's own (kubectl's last-applied-configuration alone is a copy of the whole
-/// object), which herald never reads, nor the status, of which the status writer has kept
-/// what it reads; with 100,000 subscriptions that is most of the cache.
-fn trim_for_cache(obj: &mut WebhookSubscription) {
+/// What a queued WebhookSubscription keeps: neither managedFields nor annotations other than
+/// herald's own (kubectl's last-applied-configuration alone is a copy of the whole object),
+/// which herald never reads, nor the status, of which the status writer has kept what it
+/// reads. At start-up every object waits at once.
+fn trim_for_queue(obj: &mut WebhookSubscription) {
     obj.managed_fields_mut().clear();
     obj.annotations_mut()
         .retain(|key, _| key.starts_with("herald.dev/"));
     obj.status = None;
-}
-
-/// Passes a watch event on to the cache, having shown the status writer the status the
-/// object carries (and told it of an object gone).
-fn record_and_trim(
-    status: &StatusWriter,
-    mut event: watcher::Event<WebhookSubscription>,
-) -> watcher::Event<WebhookSubscription> {
-    match &mut event {
-        watcher::Event::Apply(obj) | watcher::Event::InitApply(obj) => {
-            status.saw(obj);
-            trim_for_cache(obj);
-        }
-        watcher::Event::Delete(obj) => {
-            if let Some(uid) = obj.uid() {
-                status.forget(&uid);
-            }
-            trim_for_cache(obj);
-        }
-        watcher::Event::Init | watcher::Event::InitDone => {}
-    }
-    event
 }
 
 /// Before dispatching anything after a start: every subscription the store holds as live
@@ -128,38 +107,10 @@ pub async fn purge_deleted_while_down(
     Ok(removed)
 }
 
-/// Subscriptions referencing a Secret, from the controller's cache.
-fn referencing(
-    store: &Store<WebhookSubscription>,
-    secret: &PartialObjectMeta<Secret>,
-) -> Vec<ObjectRef<WebhookSubscription>> {
-    let (Some(namespace), Some(name)) = (secret.namespace(), secret.metadata.name.as_deref())
-    else {
-        return Vec::new();
-    };
-    store
-        .state()
-        .iter()
-        .filter(|sub| {
-            sub.namespace().as_deref() == Some(namespace.as_str())
-                && std::iter::once(&sub.spec.signing.secret_ref)
-                    .chain(&sub.spec.signing.additional_secret_refs)
-                    .any(|r| r.name == name)
-        })
-        .map(|sub| ObjectRef::from_obj(&**sub))
-        .collect()
-}
-
-/// Waits until every subscription of the first full list has been reconciled once (or is
-/// being deleted), so that a replica reporting ready routes an event to every subscription
+/// Waits until every subscription of the first full list (`left`, their uids) has been
+/// reconciled once, so that a replica reporting ready routes an event to every subscription
 /// that existed when it started; after two minutes it stops waiting and says so.
-async fn reconciled_once(listed: &Store<WebhookSubscription>, ctx: &Context) {
-    let mut left: Vec<String> = listed
-        .state()
-        .iter()
-        .filter(|o| o.meta().deletion_timestamp.is_none())
-        .filter_map(|o| o.uid())
-        .collect();
+async fn reconciled_once(mut left: Vec<String>, ctx: &Context) {
     let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(120);
     loop {
         left.retain(|uid| !ctx.status.knows(uid));
@@ -177,8 +128,13 @@ async fn reconciled_once(listed: &Store<WebhookSubscription>, ctx: &Context) {
     }
 }
 
-/// Runs the subscription controllers (one per watched namespace, or one for all) until
-/// the process ends. `synced` is told when every cache has its first full list.
+fn key_of<K: Resource>(obj: &K) -> Option<Key> {
+    Some((obj.meta().namespace.clone()?, obj.meta().name.clone()?))
+}
+
+/// Runs the subscription watches (one per watched namespace, or one for all), the Secret
+/// watches, and the reconciles they ask for, until the process ends. `synced` is told, per
+/// watch, when every subscription of its first full list has been reconciled once.
 pub async fn run_subscriptions(
     ctx: Arc<Context>,
     scope: Scope,
@@ -187,67 +143,139 @@ pub async fn run_subscriptions(
 ) {
     let sweeper = ctx.clone();
     tokio::spawn(async move { sweeper.secrets.keep_swept().await });
-    let mut controllers = Vec::new();
+    let queue = Arc::new(Queue::default());
     let secret_apis = scope.apis::<PartialObjectMeta<Secret>>(&ctx.client);
-    for (api, secrets) in scope
-        .apis::<WebhookSubscription>(&ctx.client)
-        .into_iter()
-        .zip(secret_apis)
-    {
-        let (reader, writer) = reflector::store();
-        // Told from the stream itself: kube-runtime's Store::wait_until_ready wakes only one
-        // of several waiters, and the controller is already one.
-        let synced = synced.clone();
-        let (listed, ready_ctx) = (reader.clone(), ctx.clone());
-        let (changes, shown) = (ctx.status.clone(), ctx.status.clone());
-        let subscriptions = watcher(api, watcher::Config::default())
-            .default_backoff()
-            .map_ok(move |event| record_and_trim(&shown, event))
-            .reflect(writer)
-            .inspect(move |event| {
-                if let Ok(watcher::Event::InitDone) = event {
-                    let (listed, ctx, synced) = (listed.clone(), ready_ctx.clone(), synced.clone());
+    let (secrets_listed, mut lists) = tokio::sync::watch::channel(0usize);
+    let watches = secret_apis.len();
+    let mut loops: Vec<futures::future::BoxFuture<'static, ()>> = Vec::new();
+    for api in secret_apis {
+        loops.push(watch_secrets(api, ctx.clone(), queue.clone(), secrets_listed.clone()).boxed());
+    }
+    for api in scope.apis::<WebhookSubscription>(&ctx.client) {
+        loops.push(watch_subscriptions(api, ctx.clone(), queue.clone(), synced.clone()).boxed());
+    }
+    // Reconciles start once every Secret watch has its first list: a Secret that changes
+    // after a reconcile read it then always arrives as a watch event.
+    let (dispatch, dispatch_ctx) = (queue.clone(), ctx.clone());
+    loops.push(
+        async move {
+            if lists.wait_for(|listed| *listed >= watches).await.is_ok() {
+                dispatch.run(dispatch_ctx, concurrency.into()).await;
+            }
+        }
+        .boxed(),
+    );
+    futures::future::join_all(loops).await;
+}
+
+/// Watches WebhookSubscriptions: each event shows the status writer what the object shows,
+/// and one that changed what a reconcile reads is queued with the object it carries.
+async fn watch_subscriptions(
+    api: Api<WebhookSubscription>,
+    ctx: Arc<Context>,
+    queue: Arc<Queue>,
+    synced: tokio::sync::mpsc::UnboundedSender<()>,
+) {
+    // The uids of the first full list, until it is done.
+    let mut first_list: Option<Vec<String>> = None;
+    let mut listed = false;
+    let mut events = watcher(api, watcher::Config::default())
+        .default_backoff()
+        .boxed();
+    while let Some(event) = events.next().await {
+        match event {
+            Ok(watcher::Event::Init) => {
+                if !listed {
+                    first_list = Some(Vec::new());
+                }
+            }
+            Ok(watcher::Event::InitApply(mut obj) | watcher::Event::Apply(mut obj)) => {
+                let Some(key) = key_of(&obj) else { continue };
+                if let (Some(list), Some(uid)) = (first_list.as_mut(), obj.uid())
+                    && obj.meta().deletion_timestamp.is_none()
+                {
+                    list.push(uid);
+                }
+                ctx.status.saw(&obj);
+                trim_for_queue(&mut obj);
+                // Herald's own status writes do not pass: they change nothing it reads.
+                let changed = obj.uid().is_none_or(|uid| {
+                    ctx.status
+                        .changed_since_reconciled(&uid, reconcile_digest(&obj))
+                });
+                if changed {
+                    queue.push(key, Some(Arc::new(obj)));
+                }
+            }
+            Ok(watcher::Event::Delete(obj)) => {
+                if let Some(uid) = obj.uid() {
+                    ctx.status.forget(&uid);
+                }
+                if let Some(key) = key_of(&obj) {
+                    queue.remove(&key);
+                }
+            }
+            Ok(watcher::Event::InitDone) => {
+                if let Some(uids) = first_list.take() {
+                    listed = true;
+                    let (ctx, synced) = (ctx.clone(), synced.clone());
                     tokio::spawn(async move {
-                        reconciled_once(&listed, &ctx).await;
+                        reconciled_once(uids, &ctx).await;
                         let _ = synced.send(());
                     });
                 }
-            })
-            .applied_objects()
-            // Herald's own status writes do not pass. Filtered against the status writer's
-            // book, not kube-runtime's predicate_filter, whose cache costs a few hundred
-            // bytes per subscription.
-            .try_filter(move |obj| {
-                let pass = obj.uid().is_none_or(|uid| {
-                    changes.changed_since_reconciled(&uid, reconcile_digest(obj))
-                });
-                std::future::ready(pass)
-            });
-        let secret_changes = watcher(secrets, watcher::Config::default())
-            .default_backoff()
-            .touched_objects()
-            .predicate_filter(predicates::resource_version, Default::default());
-        let (index, reads) = (reader.clone(), ctx.clone());
-        let controller = Controller::for_stream(subscriptions, reader)
-            .with_config(kube::runtime::controller::Config::default().concurrency(concurrency))
-            .watches_stream(secret_changes, move |secret| {
-                // Before the reconciles it starts, which must read the Secret again.
-                if let (Some(namespace), Some(name)) =
-                    (secret.namespace(), secret.metadata.name.as_deref())
-                {
-                    reads.secrets.changed(&namespace, name);
-                }
-                referencing(&index, &secret)
-            })
-            .run(reconcile, error_policy, ctx.clone())
-            .for_each(|result| async move {
-                if let Err(e) = result {
-                    tracing::debug!(error = %e, "controller");
-                }
-            });
-        controllers.push(controller);
+            }
+            Err(e) => tracing::debug!(error = %e, "watching WebhookSubscriptions"),
+        }
     }
-    futures::future::join_all(controllers).await;
+}
+
+/// Watches Secrets (metadata only): a change of one re-reconciles the subscriptions that
+/// reference it. Resource versions are remembered so that a watch that lists again does not
+/// re-reconcile for Secrets that did not change.
+async fn watch_secrets(
+    api: Api<PartialObjectMeta<Secret>>,
+    ctx: Arc<Context>,
+    queue: Arc<Queue>,
+    listed: tokio::sync::watch::Sender<usize>,
+) {
+    let mut versions: HashMap<Key, String> = HashMap::new();
+    let mut first = true;
+    let mut events = watcher(api, watcher::Config::default())
+        .default_backoff()
+        .boxed();
+    while let Some(event) = events.next().await {
+        let (secret, deleted) = match event {
+            Ok(watcher::Event::Apply(s) | watcher::Event::InitApply(s)) => (s, false),
+            Ok(watcher::Event::Delete(s)) => (s, true),
+            Ok(watcher::Event::InitDone) => {
+                if std::mem::take(&mut first) {
+                    listed.send_modify(|n| *n += 1);
+                }
+                continue;
+            }
+            Ok(watcher::Event::Init) => continue,
+            Err(e) => {
+                tracing::debug!(error = %e, "watching Secrets");
+                continue;
+            }
+        };
+        let Some(key) = key_of(&secret) else { continue };
+        let changed = if deleted {
+            versions.remove(&key).is_some()
+        } else {
+            let version = secret.metadata.resource_version.clone().unwrap_or_default();
+            versions.insert(key.clone(), version.clone()) != Some(version)
+        };
+        if !changed {
+            continue;
+        }
+        // Before the reconciles it starts, which must read the Secret again.
+        ctx.secrets.changed(&key.0, &key.1);
+        for subscription in ctx.status.referencing(&key.0, &key.1) {
+            queue.push(subscription, None);
+        }
+    }
 }
 
 /// Applies WebhookQuotas to the engine: per namespace the oldest quota is in force, later
@@ -354,7 +382,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_cache_keeps_only_herald_annotations_and_no_status() {
+    fn a_queued_object_keeps_only_herald_annotations_and_no_status() {
         let mut obj: WebhookSubscription = serde_json::from_value(serde_json::json!({
             "apiVersion": "herald.dev/v1alpha1",
             "kind": "WebhookSubscription",
@@ -372,7 +400,7 @@ mod tests {
             "status": {"observedGeneration": 1},
         }))
         .unwrap();
-        trim_for_cache(&mut obj);
+        trim_for_queue(&mut obj);
         let annotations: Vec<_> = obj.annotations().keys().collect();
         assert_eq!(annotations, ["herald.dev/reenable"]);
         assert!(obj.managed_fields().is_empty());
