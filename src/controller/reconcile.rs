@@ -144,24 +144,26 @@ async fn apply(obj: &WebhookSubscription, ctx: &Context) -> Result<Action> {
         None => handled,
     };
 
-    ctx.status.observe(Entry {
-        uid: uid.clone(),
-        namespace: namespace.clone(),
-        name: name.clone(),
-        generation: obj.meta().generation,
-        url: obj.spec.url.clone(),
-        paused: obj.spec.paused,
-        disable_after: obj.spec.disable_after_consecutive_failures,
-        problem,
-        reenable_handled: handled.clone(),
-        secrets: std::iter::once(&obj.spec.signing.secret_ref)
-            .chain(&obj.spec.signing.additional_secret_refs)
-            .map(|r| Box::from(r.name.as_str()))
-            .collect(),
-        applied,
-        reconciled: Some(reconcile_digest(obj)),
-        ..Default::default()
-    });
+    ctx.status.observe(
+        &uid,
+        Entry {
+            namespace: namespace.clone(),
+            name: name.clone(),
+            generation: obj.meta().generation,
+            url: obj.spec.url.clone(),
+            paused: obj.spec.paused,
+            disable_after: obj.spec.disable_after_consecutive_failures,
+            problem: problem.map(Box::new),
+            reenable_handled: handled.clone(),
+            secrets: std::iter::once(&obj.spec.signing.secret_ref)
+                .chain(&obj.spec.signing.additional_secret_refs)
+                .map(|r| Box::from(r.name.as_str()))
+                .collect(),
+            applied,
+            reconciled: Some(reconcile_digest(obj)),
+            ..Default::default()
+        },
+    );
     if reenabled {
         ctx.status
             .announce(

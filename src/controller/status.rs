@@ -29,14 +29,14 @@ pub const FIELD_MANAGER: &str = "herald";
 /// when the watch first sees the object; the spec is not kept.
 #[derive(Clone, Debug, Default)]
 pub struct Entry {
-    pub uid: String,
     pub namespace: String,
     pub name: String,
     pub generation: Option<i64>,
     pub url: String,
     pub paused: bool,
     pub disable_after: u32,
-    pub problem: Option<Problem>,
+    /// Boxed: most subscriptions have none.
+    pub problem: Option<Box<Problem>>,
     pub reenable_handled: Option<String>,
     /// The Secrets the spec names, to find the subscriptions a Secret change concerns.
     pub secrets: Box<[Box<str>]>,
@@ -122,7 +122,6 @@ impl StatusWriter {
                 book.entries.insert(
                     uid.to_string(),
                     Box::new(Entry {
-                        uid: uid.to_string(),
                         namespace: namespace.to_string(),
                         name: name.to_string(),
                         shown,
@@ -150,14 +149,9 @@ impl StatusWriter {
 
     /// Records a reconcile's findings. Until herald has seen an attempt of its own, the
     /// last attempt is the one the object shows (for example after a restart).
-    pub fn observe(&self, entry: Entry) {
+    pub fn observe(&self, uid: &str, entry: Entry) {
         let mut book = self.book();
-        let uid = entry.uid.clone();
-        let old = book
-            .entries
-            .remove(&uid)
-            .map(|old| *old)
-            .unwrap_or_default();
+        let old = book.entries.remove(uid).map(|old| *old).unwrap_or_default();
         let merged = Entry {
             last_attempt: old
                 .last_attempt
@@ -167,7 +161,7 @@ impl StatusWriter {
             written_at: old.written_at,
             ..entry
         };
-        book.entries.insert(uid, Box::new(merged));
+        book.entries.insert(uid.to_string(), Box::new(merged));
     }
 
     /// The reconciled subscriptions whose spec names this Secret.
@@ -223,7 +217,7 @@ impl StatusWriter {
             url: &entry.url,
             paused: entry.paused,
             disable_after: entry.disable_after,
-            problem: entry.problem.as_ref(),
+            problem: entry.problem.as_deref(),
             state: state.as_ref(),
             last_attempt: entry.last_attempt.as_deref(),
             reenable_handled: entry.reenable_handled.as_deref(),
@@ -251,7 +245,7 @@ impl StatusWriter {
             "kind": "WebhookSubscription",
             // The uid makes the write conditional: a new object of the same name is not
             // given the old one's status.
-            "metadata": {"name": entry.name, "uid": entry.uid},
+            "metadata": {"name": entry.name, "uid": uid},
             "status": status,
         });
         let params = PatchParams::apply(FIELD_MANAGER).force();
@@ -389,16 +383,16 @@ impl StatusWriter {
             let due: Vec<String> = self
                 .book()
                 .entries
-                .values()
-                .filter(|e| {
+                .iter()
+                .filter(|(uid, e)| {
                     e.dirty
                         && e.reconciled.is_some()
-                        && self.engine.holds_shard_of(&e.uid)
+                        && self.engine.holds_shard_of(uid)
                         && (e.urgent
                             || e.written_at
                                 .is_none_or(|at| now.duration_since(at) >= self.interval))
                 })
-                .map(|e| e.uid.clone())
+                .map(|(uid, _)| uid.clone())
                 .collect();
             for chunk in due.chunks(16) {
                 let writes = chunk.iter().map(|uid| self.write(uid));
