@@ -159,7 +159,20 @@ pub async fn run_subscriptions(
     let (dispatch, dispatch_ctx) = (queue.clone(), ctx.clone());
     loops.push(
         async move {
-            if lists.wait_for(|listed| *listed >= watches).await.is_ok() {
+            let wait = std::time::Duration::from_secs(30);
+            let first = tokio::time::timeout(wait, lists.wait_for(|n| *n >= watches))
+                .await
+                .map(|listed| listed.is_ok());
+            let listed = match first {
+                Ok(listed) => listed,
+                Err(_) => {
+                    tracing::warn!(
+                        "no subscription is reconciled until every Secret watch has its first list, and after 30s one has not (may herald list and watch Secrets?)"
+                    );
+                    lists.wait_for(|n| *n >= watches).await.is_ok()
+                }
+            };
+            if listed {
                 dispatch.run(dispatch_ctx, concurrency.into()).await;
             }
         }
@@ -225,7 +238,7 @@ async fn watch_subscriptions(
                     });
                 }
             }
-            Err(e) => tracing::debug!(error = %e, "watching WebhookSubscriptions"),
+            Err(e) => tracing::warn!(error = %e, "watching WebhookSubscriptions; retrying"),
         }
     }
 }
@@ -256,7 +269,7 @@ async fn watch_secrets(
             }
             Ok(watcher::Event::Init) => continue,
             Err(e) => {
-                tracing::debug!(error = %e, "watching Secrets");
+                tracing::warn!(error = %e, "watching Secrets; retrying");
                 continue;
             }
         };
