@@ -129,7 +129,10 @@ pub fn subscription_status(
         (
             Status::True,
             "Active",
-            format!("deliveries to {} can start", facts.url),
+            match facts.url {
+                "" => "deliveries can start".to_string(),
+                url => format!("deliveries to {url} can start"),
+            },
         )
     };
     let was =

@@ -72,6 +72,7 @@ async fn apply(obj: &WebhookSubscription, ctx: &Context) -> Result<Action> {
     let namespace = obj.namespace().unwrap_or_default();
     let name = obj.name_any();
     let known = ctx.status.entry(&uid);
+    let [shared_uid, shared_namespace, shared_name] = ctx.status.identity(&uid, &namespace, &name);
 
     let secrets = resolve_secrets(ctx, &namespace, &obj.spec).await?;
     let unreadable = secrets.as_ref().err().map(|p| format!("{p:?}"));
@@ -82,9 +83,9 @@ async fn apply(obj: &WebhookSubscription, ctx: &Context) -> Result<Action> {
             .map_err(|_| unreadable.as_deref().unwrap_or_default()),
     );
     let (config, mut problem) = match SubscriptionConfig::from_spec(
-        uid.clone(),
-        namespace.clone(),
-        name.clone(),
+        shared_uid.clone(),
+        shared_namespace.clone(),
+        shared_name.clone(),
         &obj.spec,
         secrets.clone().map_err(|p| format!("{p:?}")),
     ) {
@@ -120,7 +121,7 @@ async fn apply(obj: &WebhookSubscription, ctx: &Context) -> Result<Action> {
         .and_then(|k| k.reenable_handled.clone())
         .or_else(|| {
             let shown = known.as_ref()?.shown.as_ref()?;
-            shown.reenable_handled.as_deref().map(String::from)
+            shown.reenable_handled.clone()
         });
     let annotation = obj
         .annotations()
@@ -139,18 +140,17 @@ async fn apply(obj: &WebhookSubscription, ctx: &Context) -> Result<Action> {
                 ctx.engine.enable(&namespace, &name).await?;
                 reenabled = true;
             }
-            Some(value.to_string())
+            Some(Box::from(value))
         }
         None => handled,
     };
 
     ctx.status.observe(
-        &uid,
+        shared_uid,
         Entry {
-            namespace: namespace.clone(),
-            name: name.clone(),
+            namespace: shared_namespace,
+            name: shared_name,
             generation: obj.meta().generation,
-            url: obj.spec.url.clone(),
             paused: obj.spec.paused,
             disable_after: obj.spec.disable_after_consecutive_failures,
             problem: problem.map(Box::new),

@@ -27,17 +27,18 @@ pub const FIELD_MANAGER: &str = "herald";
 /// What herald keeps per subscription: what the status is computed from (the last reconcile's
 /// findings, and what the object shows), and a digest of what was last written. Recorded
 /// when the watch first sees the object; the spec is not kept.
+/// The namespace and name are shared: the namespace with the book's other entries, the name
+/// (like the uid, the book's key) with the engine's config of the subscription.
 #[derive(Clone, Debug, Default)]
 pub struct Entry {
-    pub namespace: String,
-    pub name: String,
+    pub namespace: Arc<str>,
+    pub name: Arc<str>,
     pub generation: Option<i64>,
-    pub url: String,
     pub paused: bool,
     pub disable_after: u32,
     /// Boxed: most subscriptions have none.
     pub problem: Option<Box<Problem>>,
-    pub reenable_handled: Option<String>,
+    pub reenable_handled: Option<Box<str>>,
     /// The Secrets the spec names, to find the subscriptions a Secret change concerns.
     pub secrets: Box<[Box<str>]>,
     /// A digest of the spec and secrets the engine runs, to skip unchanged upserts.
@@ -48,9 +49,8 @@ pub struct Entry {
     pub(super) last_attempt: Option<Box<LastAttempt>>,
     /// What the object shows now (from the watch), None while it shows no status.
     pub(super) shown: Option<Shown>,
-    /// A digest of the status herald last wrote.
-    pub(super) written: Option<u64>,
-    pub(super) written_at: Option<Instant>,
+    /// A digest of the status herald last wrote, and when.
+    pub(super) written: Option<(u64, Instant)>,
     pub(super) dirty: bool,
     pub(super) urgent: bool,
 }
@@ -58,8 +58,41 @@ pub struct Entry {
 #[derive(Default)]
 struct Book {
     /// Boxed: a table keeps up to twice as many slots as entries, and an Entry is hundreds
-    /// of bytes.
-    entries: HashMap<String, Box<Entry>>,
+    /// of bytes. Keyed by uid, shared with the engine.
+    entries: HashMap<Arc<str>, Box<Entry>>,
+    /// One copy of each namespace name the entries hold, and how many hold it.
+    namespaces: HashMap<Arc<str>, u32>,
+}
+
+impl Book {
+    /// The entries' copy of a namespace name (a new one for a namespace no entry is in).
+    fn namespace(&self, name: &str) -> Arc<str> {
+        self.namespaces
+            .get_key_value(name)
+            .map_or_else(|| Arc::from(name), |(shared, _)| shared.clone())
+    }
+
+    fn insert(&mut self, uid: Arc<str>, entry: Box<Entry>) {
+        *self.namespaces.entry(entry.namespace.clone()).or_default() += 1;
+        if let Some(old) = self.entries.insert(uid, entry) {
+            self.uncount(&old.namespace);
+        }
+    }
+
+    fn remove(&mut self, uid: &str) -> Option<Box<Entry>> {
+        let entry = self.entries.remove(uid)?;
+        self.uncount(&entry.namespace);
+        Some(entry)
+    }
+
+    fn uncount(&mut self, namespace: &str) {
+        if let Some(count) = self.namespaces.get_mut(namespace) {
+            *count -= 1;
+            if *count == 0 {
+                self.namespaces.remove(namespace);
+            }
+        }
+    }
 }
 
 pub struct StatusWriter {
@@ -119,11 +152,12 @@ impl StatusWriter {
         match book.entries.get_mut(uid) {
             Some(entry) => entry.shown = shown,
             None if obj.metadata.deletion_timestamp.is_none() => {
-                book.entries.insert(
-                    uid.to_string(),
+                let namespace = book.namespace(namespace);
+                book.insert(
+                    Arc::from(uid),
                     Box::new(Entry {
-                        namespace: namespace.to_string(),
-                        name: name.to_string(),
+                        namespace,
+                        name: Arc::from(name),
                         shown,
                         ..Default::default()
                     }),
@@ -147,21 +181,34 @@ impl StatusWriter {
         self.book().entries.get(uid).map(|e| Entry::clone(e))
     }
 
+    /// The subscription's uid, namespace and name as the book holds them, to share with
+    /// the engine rather than copy (made when the book has no entry, or another name).
+    pub fn identity(&self, uid: &str, namespace: &str, name: &str) -> [Arc<str>; 3] {
+        let book = self.book();
+        let (uid, known_name) = match book.entries.get_key_value(uid) {
+            Some((uid, entry)) => (uid.clone(), Some(entry.name.clone())),
+            None => (Arc::from(uid), None),
+        };
+        let name = known_name
+            .filter(|known| **known == *name)
+            .unwrap_or_else(|| Arc::from(name));
+        [uid, book.namespace(namespace), name]
+    }
+
     /// Records a reconcile's findings. Until herald has seen an attempt of its own, the
     /// last attempt is the one the object shows (for example after a restart).
-    pub fn observe(&self, uid: &str, entry: Entry) {
+    pub fn observe(&self, uid: Arc<str>, entry: Entry) {
         let mut book = self.book();
-        let old = book.entries.remove(uid).map(|old| *old).unwrap_or_default();
+        let old = book.remove(&uid).map(|old| *old).unwrap_or_default();
         let merged = Entry {
             last_attempt: old
                 .last_attempt
                 .or_else(|| old.shown.as_ref().and_then(|s| s.last_attempt.clone())),
             shown: old.shown,
             written: old.written,
-            written_at: old.written_at,
             ..entry
         };
-        book.entries.insert(uid.to_string(), Box::new(merged));
+        book.insert(uid, Box::new(merged));
     }
 
     /// The reconciled subscriptions whose spec names this Secret.
@@ -171,16 +218,16 @@ impl StatusWriter {
             .values()
             .filter(|e| {
                 e.reconciled.is_some()
-                    && e.namespace == namespace
+                    && *e.namespace == *namespace
                     && e.secrets.iter().any(|s| &**s == secret)
             })
-            .map(|e| (e.namespace.clone(), e.name.clone()))
+            .map(|e| (e.namespace.to_string(), e.name.to_string()))
             .collect()
     }
 
     /// Stops tracking a subscription (its object is gone).
     pub fn forget(&self, uid: &str) {
-        self.book().entries.remove(uid);
+        self.book().remove(uid);
     }
 
     /// Computes the subscription's status from what is known now and writes it if it
@@ -210,11 +257,13 @@ impl StatusWriter {
                 None
             }
         };
+        // The URL as the engine runs it; not kept in the book, where it would be a second copy.
+        let config = self.engine.config(uid);
         let facts = Facts {
             namespace: &entry.namespace,
             name: &entry.name,
             generation: entry.generation,
-            url: &entry.url,
+            url: config.as_ref().map_or("", |c| c.url.as_str()),
             paused: entry.paused,
             disable_after: entry.disable_after,
             problem: entry.problem.as_deref(),
@@ -232,10 +281,9 @@ impl StatusWriter {
         let (status, announcements) =
             subscription_status(&facts, previous.as_ref(), Timestamp::now());
         let digest = status_digest(&status);
-        let just_written = entry.written == Some(digest)
-            && entry
-                .written_at
-                .is_some_and(|at| at.elapsed() < self.interval);
+        let just_written = entry
+            .written
+            .is_some_and(|(written, at)| written == digest && at.elapsed() < self.interval);
         if shown.is_some_and(|s| s.digest == digest) || just_written {
             return Ok(());
         }
@@ -245,7 +293,7 @@ impl StatusWriter {
             "kind": "WebhookSubscription",
             // The uid makes the write conditional: a new object of the same name is not
             // given the old one's status.
-            "metadata": {"name": entry.name, "uid": uid},
+            "metadata": {"name": &*entry.name, "uid": uid},
             "status": status,
         });
         let params = PatchParams::apply(FIELD_MANAGER).force();
@@ -265,10 +313,7 @@ impl StatusWriter {
             }
         }
         crate::metrics::get().status_writes.inc();
-        self.mark(uid, |e| {
-            e.written = Some(digest);
-            e.written_at = Some(Instant::now());
-        });
+        self.mark(uid, |e| e.written = Some((digest, Instant::now())));
         for announcement in announcements {
             self.announce(&entry.namespace, &entry.name, uid, announcement)
                 .await;
@@ -344,7 +389,7 @@ impl StatusWriter {
                 Ok(Notice::Published { subscriptions, .. }) => {
                     let mut book = self.book();
                     for uid in subscriptions {
-                        if let Some(entry) = book.entries.get_mut(&uid) {
+                        if let Some(entry) = book.entries.get_mut(uid.as_str()) {
                             entry.dirty = true;
                         }
                     }
@@ -380,7 +425,7 @@ impl StatusWriter {
         loop {
             tick.tick().await;
             let now = Instant::now();
-            let due: Vec<String> = self
+            let due: Vec<Arc<str>> = self
                 .book()
                 .entries
                 .iter()
@@ -389,8 +434,8 @@ impl StatusWriter {
                         && e.reconciled.is_some()
                         && self.engine.holds_shard_of(uid)
                         && (e.urgent
-                            || e.written_at
-                                .is_none_or(|at| now.duration_since(at) >= self.interval))
+                            || e.written
+                                .is_none_or(|(_, at)| now.duration_since(at) >= self.interval))
                 })
                 .map(|(uid, _)| uid.clone())
                 .collect();
@@ -465,4 +510,74 @@ pub async fn write_quota_status(
     )
     .await?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::delivery::SubscriptionConfig;
+    use crate::store::sqlite::SqliteStore;
+
+    fn object(uid: &str, name: &str) -> WebhookSubscription {
+        let spec = serde_json::from_value(json!({
+            "url": "http://127.0.0.1:9/hook",
+            "eventTypes": ["*"],
+            "signing": {"secretRef": {"name": "s", "key": "k"}},
+        }))
+        .unwrap();
+        let mut obj = WebhookSubscription::new(name, spec);
+        obj.metadata.namespace = Some("shop".into());
+        obj.metadata.uid = Some(uid.into());
+        obj
+    }
+
+    /// What the book keeps per subscription is not a second copy of what the engine keeps.
+    #[tokio::test]
+    async fn the_book_shares_uid_and_name_with_the_engine_and_keeps_one_namespace_copy() {
+        let dir = std::env::temp_dir().join(format!("herald-book-{}", uuid::Uuid::now_v7()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let engine = Engine::for_tests(Arc::new(SqliteStore::open(&dir).unwrap()));
+        let nowhere = kube::Config::new("http://127.0.0.1:9".parse().unwrap());
+        let client = kube::Client::try_from(nowhere).unwrap();
+        let writer = StatusWriter::new(client, engine.clone(), Duration::from_secs(5));
+        for (uid, name) in [("uid-a", "a"), ("uid-b", "b")] {
+            let obj = object(uid, name);
+            writer.saw(&obj);
+            let [uid, namespace, name] = writer.identity(uid, "shop", name);
+            let secret = Ok(vec!["whsec_AAECAwQFBgcICQoLDA0ODxAREhMUFRYX".into()]);
+            let config = SubscriptionConfig::from_spec(
+                uid.clone(),
+                namespace.clone(),
+                name.clone(),
+                &obj.spec,
+                secret,
+            )
+            .unwrap();
+            engine.upsert(config).await.unwrap();
+            let entry = Entry {
+                namespace,
+                name,
+                reconciled: Some(1),
+                ..Default::default()
+            };
+            writer.observe(uid, entry);
+        }
+        {
+            let book = writer.book();
+            let config = engine.config("uid-a").unwrap();
+            let (uid, entry) = book.entries.get_key_value("uid-a").unwrap();
+            assert!(Arc::ptr_eq(uid, &config.uid), "the uid is copied");
+            assert!(Arc::ptr_eq(&entry.name, &config.name), "the name is copied");
+            let other = &book.entries["uid-b"];
+            assert!(Arc::ptr_eq(&entry.namespace, &other.namespace));
+        }
+        writer.forget("uid-a");
+        assert_eq!(writer.book().namespaces.len(), 1, "shop still has uid-b");
+        writer.forget("uid-b");
+        assert!(
+            writer.book().namespaces.is_empty(),
+            "an empty namespace is kept"
+        );
+        let _ = std::fs::remove_dir_all(dir);
+    }
 }

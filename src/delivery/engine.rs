@@ -417,6 +417,31 @@ impl Engine {
         inner.subs.get(uid).cloned()
     }
 
+    /// An engine for unit tests: small limits, egress to loopback only.
+    #[cfg(test)]
+    pub(crate) fn for_tests(store: Arc<dyn Store>) -> Arc<Self> {
+        Self::new(
+            store,
+            HttpSender::new(crate::delivery::egress::EgressPolicy::new(vec![
+                "127.0.0.0/8".parse().unwrap(),
+            ]))
+            .unwrap(),
+            EngineConfig {
+                max_in_flight: 16,
+                namespace_reserved_in_flight: 16,
+                namespace_max_concurrent_publishes: 64,
+                namespace_max_in_flight: 16,
+                namespace_max_pending: 100,
+                history_retention: Duration::from_secs(60),
+            },
+        )
+    }
+
+    /// The config the engine runs for this uid.
+    pub fn config(&self, uid: &str) -> Option<Arc<SubscriptionConfig>> {
+        self.lock().subs.get(uid).cloned()
+    }
+
     pub fn subscriptions(&self) -> Vec<Arc<SubscriptionConfig>> {
         self.lock().subs.values().cloned().collect()
     }
@@ -1110,7 +1135,6 @@ fn record_metrics(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::delivery::egress::EgressPolicy;
     use crate::store::sqlite::SqliteStore;
     use crate::store::*;
     use async_trait::async_trait;
@@ -1234,18 +1258,7 @@ mod tests {
     }
 
     fn test_engine(store: Arc<dyn Store>) -> Arc<Engine> {
-        Engine::new(
-            store,
-            HttpSender::new(EgressPolicy::new(vec!["127.0.0.0/8".parse().unwrap()])).unwrap(),
-            EngineConfig {
-                max_in_flight: 16,
-                namespace_reserved_in_flight: 16,
-                namespace_max_concurrent_publishes: 64,
-                namespace_max_in_flight: 16,
-                namespace_max_pending: 100,
-                history_retention: Duration::from_secs(60),
-            },
-        )
+        Engine::for_tests(store)
     }
 
     /// Subscription `ns/hook` (uid-1), every event type, to `address`.
