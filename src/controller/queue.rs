@@ -4,7 +4,10 @@
 //! Herald's own in place of kube-runtime's Controller, which reconciles from a cache holding
 //! every object (about 1.4 KiB per subscription even trimmed). Here a reconcile takes the
 //! object the watch event carried; one triggered otherwise (a referenced Secret changed, a
-//! retry) reads it from the API server. Nothing is kept for an object that is not waiting.
+//! retry) reads it from the API server. Nothing is kept for an object that is not waiting,
+//! and at most [`OBJECTS_HELD`] objects wait at once: in a burst of creations, when the
+//! API server is slower to take herald's writes than to create objects, tens of thousands
+//! of keys may wait, and the ones beyond that bound read their object when their turn comes.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -24,46 +27,76 @@ pub type Key = (String, String);
 /// How long a failed reconcile waits before the next try.
 const RETRY_AFTER: Duration = Duration::from_secs(5);
 
-#[derive(Default)]
+/// Objects kept waiting at most (a few KiB each); enough for the 16 reconciles at once to
+/// read none while the queue is short.
+pub const OBJECTS_HELD: usize = 1_024;
+
 struct State {
     /// Keys to reconcile, with the newest object seen (None: read it when its turn comes).
     waiting: HashMap<Key, Option<Arc<WebhookSubscription>>>,
     /// The waiting keys not running, in the order they came.
     order: VecDeque<Key>,
     running: HashSet<Key>,
+    /// Objects in `waiting`, and how many may be.
+    held: usize,
+    held_limit: usize,
 }
 
-#[derive(Default)]
 pub struct Queue {
     state: Mutex<State>,
     wake: Notify,
 }
 
+impl Default for Queue {
+    fn default() -> Self {
+        Self::holding(OBJECTS_HELD)
+    }
+}
+
 impl Queue {
+    /// A queue keeping at most `limit` waiting objects.
+    fn holding(limit: usize) -> Self {
+        Self {
+            state: Mutex::new(State {
+                waiting: HashMap::new(),
+                order: VecDeque::new(),
+                running: HashSet::new(),
+                held: 0,
+                held_limit: limit,
+            }),
+            wake: Notify::new(),
+        }
+    }
+
     fn lock(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Asks for a reconcile of `key`, with the object as the watch delivered it if known. An
-    /// object replaces an older one waiting; None leaves a waiting object in place.
+    /// object replaces an older one waiting; None leaves a waiting object in place. Past the
+    /// bound on objects held, a new one is dropped and read again at its turn.
     pub fn push(&self, key: Key, obj: Option<Arc<WebhookSubscription>>) {
         let mut state = self.lock();
+        let state = &mut *state;
         let queued = state.waiting.contains_key(&key);
         let slot = state.waiting.entry(key.clone()).or_default();
-        if obj.is_some() {
+        if obj.is_some() && (slot.is_some() || state.held < state.held_limit) {
+            if slot.is_none() {
+                state.held += 1;
+            }
             *slot = obj;
         }
         if !queued && !state.running.contains(&key) {
             state.order.push_back(key);
         }
-        drop(state);
         self.wake.notify_one();
     }
 
     /// The object is gone: nothing waits for it any more.
     pub fn remove(&self, key: &Key) {
         let mut state = self.lock();
-        if state.waiting.remove(key).is_some() {
+        if let Some(obj) = state.waiting.remove(key) {
+            state.held -= usize::from(obj.is_some());
             state.order.retain(|k| k != key);
         }
     }
@@ -73,6 +106,7 @@ impl Queue {
         let mut state = self.lock();
         let key = state.order.pop_front()?;
         let obj = state.waiting.remove(&key).flatten();
+        state.held -= usize::from(obj.is_some());
         state.running.insert(key.clone());
         Some((key, obj))
     }
@@ -208,5 +242,30 @@ mod tests {
         assert_eq!(queue.next().unwrap().0, key("b"));
         assert!(queue.next().is_none());
         assert!(queue.lock().waiting.is_empty());
+        assert_eq!(queue.lock().held, 0);
+    }
+
+    #[test]
+    fn past_the_bound_keys_wait_without_their_object() {
+        let queue = Queue::holding(2);
+        queue.push(key("a"), Some(object("a", 1)));
+        queue.push(key("b"), Some(object("b", 1)));
+        queue.push(key("c"), Some(object("c", 1)));
+        // A newer object of one held replaces it, bound or not.
+        queue.push(key("a"), Some(object("a", 2)));
+        let taken: Vec<_> = std::iter::from_fn(|| queue.next())
+            .map(|(key, obj)| (key.1, generation(&obj)))
+            .collect();
+        assert_eq!(
+            taken,
+            [
+                ("a".into(), Some(2)),
+                ("b".into(), Some(1)),
+                ("c".into(), None)
+            ]
+        );
+        // Taking them freed the bound.
+        queue.push(key("d"), Some(object("d", 1)));
+        assert_eq!(generation(&queue.next().unwrap().1), Some(1));
     }
 }
