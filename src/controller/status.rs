@@ -263,7 +263,7 @@ impl StatusWriter {
             namespace: &entry.namespace,
             name: &entry.name,
             generation: entry.generation,
-            url: config.as_ref().map_or("", |c| c.url.as_str()),
+            url: config.as_ref().map_or("", |c| &*c.url),
             paused: entry.paused,
             disable_after: entry.disable_after,
             problem: entry.problem.as_deref(),

@@ -20,7 +20,7 @@ pub const ATTEMPT_HEADER: &str = "herald-attempt";
 
 /// What one attempt needs to know about its subscription.
 pub struct Target<'a> {
-    pub url: &'a reqwest::Url,
+    pub url: &'a str,
     pub signer: &'a Signer,
     pub timeout: Duration,
     pub headers: &'a [(HeaderName, HeaderValue)],
@@ -87,7 +87,13 @@ impl HttpSender {
             refused: false,
         };
 
-        if let Some(refused) = self.refused_literal(target.url) {
+        // Checked when the subscription was read; a failure here would be a bug, and costs
+        // this attempt only.
+        let url = match reqwest::Url::parse(target.url) {
+            Ok(url) => url,
+            Err(e) => return result(Outcome::Terminal, None, None, format!("spec.url: {e}")),
+        };
+        if let Some(refused) = self.refused_literal(&url) {
             return AttemptResult {
                 refused: true,
                 ..result(Outcome::Terminal, None, None, refused.to_string())
@@ -121,7 +127,7 @@ impl HttpSender {
 
         let mut request = self
             .client
-            .post(target.url.clone())
+            .post(url)
             .headers(headers)
             .timeout(target.timeout)
             .body(claimed.body.clone());
