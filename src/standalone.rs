@@ -434,7 +434,7 @@ fn in_file_order(
 }
 
 /// The reading side of [`Loader::add_text`]: documents one at a time, quotas and Secrets
-/// kept, subscriptions typed and handed to the checker.
+/// kept, subscriptions typed and dealt to the checkers.
 struct Reader<'a> {
     source: &'a str,
     position: usize,
@@ -448,7 +448,7 @@ struct Reader<'a> {
     dealt: usize,
 }
 
-/// Whether to read on: false once the checker has stopped (at an error of its own).
+/// Whether to read on: false once a checker has stopped (at an error of its own).
 type ReadOn = bool;
 
 impl Reader<'_> {
