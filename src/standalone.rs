@@ -415,6 +415,8 @@ fn in_file_order(
 ) -> anyhow::Result<()> {
     const KIND: &str = "WebhookSubscription";
     // The turns end at the first checker with nothing left: nothing was dealt after it.
+    // Taken in any other order, the bounded queues could deadlock: the reader waiting on one
+    // checker's full queue while this waits on another's verdicts.
     for turn in (0..CHECKERS).cycle() {
         let Ok(batch) = verdicts[turn].recv() else {
             break;
