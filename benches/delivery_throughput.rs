@@ -9,6 +9,9 @@
 //! - publish: the same number published by 32 producers (each acknowledged only once
 //!   durable), while herald delivers them;
 //! - end to end: from the first publish to the last arrival;
+//! - the same end to end, and latency at idle, through a forwarder with no store (this
+//!   binary run as its own process; see [`Forwarder`]): the most any herald could reach in
+//!   this harness, and herald's rate against it;
 //! - latency at idle: one event at a time, from the start of the publish request to its
 //!   arrival at the receiver (p50, p99), against one bare POST round trip;
 //! - latency at half load: events published at a steady rate of half the end-to-end rate
@@ -25,14 +28,19 @@ mod support;
 mod common;
 
 use std::collections::HashMap;
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
+use axum::http::StatusCode;
+use axum::response::IntoResponse;
 use common::{Report, Target, cpu_seconds, ms, percentile, thousands};
 use serde_json::{Value, json};
 use support::herald::{Herald, lanes};
 use support::receiver::Receiver;
+use tokio::sync::Semaphore;
 
 const CONCURRENCY: usize = 32;
 const LANES: usize = 4;
@@ -95,9 +103,10 @@ async fn publish(client: &reqwest::Client, url: &str, id: String, i: usize) {
     }
 }
 
-async fn publish_all(herald: &Herald, events: usize, offset: usize) {
+/// Publishes `events` events to the server at `base` (herald or the forwarder), 32 at a time.
+async fn publish_all(base: &str, events: usize, offset: usize) {
     let client = reqwest::Client::new();
-    let url = format!("{}/v1/namespaces/{NS}/events", herald.base);
+    let url = format!("{base}/v1/namespaces/{NS}/events");
     concurrently(events, move |i| {
         let (client, url) = (client.clone(), url.clone());
         async move { publish(&client, &url, format!("evt-{}", i + offset), i + offset).await }
@@ -116,7 +125,7 @@ async fn last_arrival(receiver: &Receiver, what: &str, count: usize) -> Instant 
 
 /// Publish → arrival, one event at a time, and the bare POST round trip for reference.
 async fn latency_at_idle(
-    herald: &Herald,
+    base: &str,
     receiver: &Receiver,
     samples: usize,
 ) -> (Vec<Duration>, Vec<Duration>) {
@@ -132,7 +141,7 @@ async fn latency_at_idle(
             .unwrap();
         bare.push(started.elapsed());
     }
-    let url = format!("{}/v1/namespaces/{NS}/events", herald.base);
+    let url = format!("{base}/v1/namespaces/{NS}/events");
     let mut through = Vec::with_capacity(samples);
     for i in 0..samples {
         let before = receiver.count();
@@ -215,7 +224,93 @@ fn rate(n: usize, took: Duration) -> f64 {
     n as f64 / took.as_secs_f64()
 }
 
+/// Set in the environment of this benchmark's own binary to run it as the forwarder, the
+/// value being where to forward to.
+const FORWARD_TO: &str = "HERALD_BENCH_FORWARD_TO";
+
+/// A second reference: the HTTP work herald cannot avoid, with nothing else. It serves
+/// publishes like herald (parses the event, answers 202 at once, before anything is stored
+/// or sent) and POSTs each on to the receiver, 32 at a time like herald's lanes; no store,
+/// no signature, no matching. It runs as its own process, in this session, as herald does,
+/// so its end-to-end rate is what any herald could reach in this harness on this machine.
+struct Forwarder {
+    child: Child,
+    base: String,
+}
+
+impl Forwarder {
+    fn start(to: &str) -> Self {
+        let mut child = Command::new(std::env::current_exe().expect("this benchmark's path"))
+            .env(FORWARD_TO, to)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("starting the forwarder");
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().expect("the forwarder's stdout"))
+            .read_line(&mut line)
+            .expect("reading the forwarder's address");
+        let address = line.trim();
+        assert!(!address.is_empty(), "the forwarder exited before serving");
+        Self {
+            child,
+            base: format!("http://{address}"),
+        }
+    }
+
+    fn pid(&self) -> String {
+        self.child.id().to_string()
+    }
+}
+
+impl Drop for Forwarder {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The forwarder's process: serves until killed, after printing its address.
+fn forward(to: String) {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async move {
+        let client = reqwest::Client::new();
+        let lanes = Arc::new(Semaphore::new(CONCURRENCY));
+        let app = axum::Router::new().route(
+            "/v1/namespaces/{namespace}/events",
+            axum::routing::post(move |body: axum::body::Bytes| {
+                let (client, lanes, to) = (client.clone(), lanes.clone(), to.clone());
+                async move {
+                    let Ok(Value::Object(mut event)) = serde_json::from_slice::<Value>(&body)
+                    else {
+                        return (StatusCode::BAD_REQUEST, "not a JSON object").into_response();
+                    };
+                    let id = event.get("id").cloned().unwrap_or(Value::Null);
+                    event.insert("timestamp".into(), json!("2026-01-01T00:00:00Z"));
+                    let delivery = serde_json::to_vec(&event).unwrap();
+                    tokio::spawn(async move {
+                        let _lane = lanes.acquire().await.unwrap();
+                        let sent = client.post(&to).body(delivery).send().await;
+                        assert!(sent.unwrap().status().is_success(), "the receiver refused");
+                    });
+                    (StatusCode::ACCEPTED, axum::Json(json!({"id": id}))).into_response()
+                }
+            }),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        println!("{}", listener.local_addr().unwrap());
+        axum::serve(listener, app).await.unwrap();
+    });
+}
+
 fn main() {
+    if let Ok(to) = std::env::var(FORWARD_TO) {
+        return forward(to);
+    }
     let mut report = Report::new("delivery_throughput");
     let events: usize = report.mode.pick(2_000, 20_000);
     let samples: usize = report.mode.pick(100, 1_000);
@@ -237,7 +332,7 @@ fn main() {
 
         // herald, drain only: events stored while paused, then released.
         let herald = Herald::start(&manifests(&receiver, true), &["--egress-allow", "127.0.0.0/8"]);
-        publish_all(&herald, events, 0).await;
+        publish_all(&herald.base, events, 0).await;
         let before = receiver.count();
         let started = Instant::now();
         herald.write_config(&manifests(&receiver, false));
@@ -249,12 +344,28 @@ fn main() {
         let cpu = (cpu_seconds(&herald_pid), cpu_seconds("self"));
         let before = receiver.count();
         let started = Instant::now();
-        publish_all(&herald, events, events).await;
+        publish_all(&herald.base, events, events).await;
         let published = rate(events, started.elapsed());
         let last = last_arrival(&receiver, "the end-to-end deliveries", before + events).await;
         let end_to_end = rate(events, last - started);
         let herald_cpu = (cpu_seconds(&herald_pid) - cpu.0) / events as f64;
         let generator_cpu = (cpu_seconds("self") - cpu.1) / events as f64;
+        // The forwarder: the same publishes end to end, then one at a time, with no store.
+        let forwarder = Forwarder::start(&receiver.url("/forwarded"));
+        let forwarder_pid = forwarder.pid();
+        let cpu = cpu_seconds(&forwarder_pid);
+        let before = receiver.count();
+        let started = Instant::now();
+        publish_all(&forwarder.base, events, 2 * events).await;
+        let last = last_arrival(&receiver, "the forwarded deliveries", before + events).await;
+        let forwarded = rate(events, last - started);
+        let forwarder_cpu = (cpu_seconds(&forwarder_pid) - cpu) / events as f64;
+        let (mut forwarder_idle, _) = latency_at_idle(&forwarder.base, &receiver, samples).await;
+        let (f50, f99) = (
+            percentile(&mut forwarder_idle, 0.50),
+            percentile(&mut forwarder_idle, 0.99),
+        );
+        drop(forwarder);
         // The reference again after herald's runs: its mean stands for the machine during
         // them, whatever else the machine was doing.
         let bare_after = bare_loop(&receiver, events).await;
@@ -262,7 +373,7 @@ fn main() {
         report.param("bare_loop_before_per_s", bare_before);
         report.param("bare_loop_after_per_s", bare_after);
 
-        let (mut idle, mut bare_rtt) = latency_at_idle(&herald, &receiver, samples).await;
+        let (mut idle, mut bare_rtt) = latency_at_idle(&herald.base, &receiver, samples).await;
         let (p50, p99) = (percentile(&mut idle, 0.50), percentile(&mut idle, 0.99));
         let (r50, r99) = (percentile(&mut bare_rtt, 0.50), percentile(&mut bare_rtt, 0.99));
 
@@ -291,6 +402,13 @@ fn main() {
             .add("throughput.end_to_end", &format!("end to end: {n} events published and delivered"), end_to_end, "events/s")
             .reference(&bare_name, bare)
             .target(Target::RatioAtLeast(0.5));
+        let forwarder_name = "end to end through the store-less forwarder, same run";
+        report
+            .add("throughput.forwarder", &format!("end to end through a forwarder with no store (each publish answered at once and POSTed on, {CONCURRENCY} at a time): {n} events"), forwarded, "events/s")
+            .reference(&bare_name, bare);
+        report
+            .add("throughput.end_to_end_vs_forwarder", &format!("end to end: herald, {n} events"), end_to_end, "events/s")
+            .reference(forwarder_name, forwarded);
         // Where the floor is: on a machine whose cores the reference loop already keeps busy,
         // the end-to-end rate cannot exceed the reference rate × (CPU per reference request)
         // / (CPU per delivered event, herald's and the load generator's together).
@@ -302,6 +420,9 @@ fn main() {
             .add("cpu.end_to_end.generator", "CPU per event end to end: the load generator (32 producers and the receiver)", us(generator_cpu), "µs")
             .reference("CPU per request of the bare loop (client and receiver together)", us(bare_cpu));
         report
+            .add("cpu.end_to_end.forwarder", "CPU per event end to end: the store-less forwarder", us(forwarder_cpu), "µs")
+            .reference("CPU per request of the bare loop (client and receiver together)", us(bare_cpu));
+        report
             .add("latency.idle.p50", &format!("latency at idle, publish → arrival p50 ({} events one at a time)", thousands(samples)), ms(p50), "ms")
             .reference("bare POST round trip p50", ms(r50))
             .target(Target::AtMost(2.0));
@@ -309,6 +430,12 @@ fn main() {
             .add("latency.idle.p99", &format!("latency at idle, publish → arrival p99 ({} events one at a time)", thousands(samples)), ms(p99), "ms")
             .reference("bare POST round trip p99", ms(r99))
             .target(Target::AtMost(10.0));
+        report
+            .add("latency.idle_forwarder.p50", &format!("latency at idle through the store-less forwarder p50 ({} events one at a time)", thousands(samples)), ms(f50), "ms")
+            .reference("bare POST round trip p50", ms(r50));
+        report
+            .add("latency.idle_forwarder.p99", &format!("latency at idle through the store-less forwarder p99 ({} events one at a time)", thousands(samples)), ms(f99), "ms")
+            .reference("bare POST round trip p99", ms(r99));
         let paced_label = format!(
             "publish → arrival at half the end-to-end rate ({} events at {paced_rate:.0}/s; {} answered 429 publish_busy and were sent again after Retry-After)",
             thousands(count),

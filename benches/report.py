@@ -33,12 +33,17 @@ EXPECTED = {
         "throughput.drain",
         "throughput.publish",
         "throughput.end_to_end",
+        "throughput.forwarder",
+        "throughput.end_to_end_vs_forwarder",
         "latency.idle.p50",
         "latency.idle.p99",
+        "latency.idle_forwarder.p50",
+        "latency.idle_forwarder.p99",
         "latency.half_load.p50",
         "latency.half_load.p99",
         "cpu.end_to_end.herald",
         "cpu.end_to_end.generator",
+        "cpu.end_to_end.forwarder",
     ],
     "isolation": [
         f"isolation.held_{held}.{q}" for held in (0, 100, 1000, 10000) for q in ("p50", "p99")
@@ -298,6 +303,7 @@ def plot(report, path):
         ("herald\ndrain", figures["throughput.drain"]["value"], "tab:blue"),
         ("herald durable\npublish", figures["throughput.publish"]["value"], "tab:blue"),
         ("herald\nend to end", figures["throughput.end_to_end"]["value"], "tab:green"),
+        ("forwarder, no store\nend to end", figures["throughput.forwarder"]["value"], "tab:orange"),
     ]
     positions = range(len(bars))
     thr.bar(positions, [b[1] for b in bars], color=[b[2] for b in bars])
