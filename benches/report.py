@@ -303,7 +303,7 @@ def plot(report, path):
         ("herald\ndrain", figures["throughput.drain"]["value"], "tab:blue"),
         ("herald durable\npublish", figures["throughput.publish"]["value"], "tab:blue"),
         ("herald\nend to end", figures["throughput.end_to_end"]["value"], "tab:green"),
-        ("forwarder, no store\nend to end", figures["throughput.forwarder"]["value"], "tab:orange"),
+        ("forwarder,\nno store", figures["throughput.forwarder"]["value"], "tab:orange"),
     ]
     positions = range(len(bars))
     thr.bar(positions, [b[1] for b in bars], color=[b[2] for b in bars])
