@@ -161,6 +161,13 @@ pub struct Engine {
     ownership: OnceLock<Arc<Ownership>>,
 }
 
+/// A lane started with a publish: its config, and with several replicas the shard's hold
+/// its claim is fenced by.
+type Prestart = (
+    Arc<SubscriptionConfig>,
+    Option<(Arc<Ownership>, ShardFence)>,
+);
+
 /// Counts an attempt task for [`Engine::drain`] until it ends, however it ends.
 struct Running<'a>(&'a Engine);
 
@@ -456,7 +463,7 @@ impl Engine {
     /// Accepts an event: stored with one pending delivery per matching subscription before
     /// this returns. A repeated `id` returns the first answer and delivers nothing again.
     pub async fn publish(
-        &self,
+        self: &Arc<Self>,
         namespace: &str,
         id: Option<String>,
         event_type: &str,
@@ -565,19 +572,47 @@ impl Engine {
             data,
         })
         .map_err(|e| store::Error::Backend(e.to_string()))?;
-        let result = self
-            .store
-            .publish(
-                NewEvent {
-                    namespace: namespace.to_string(),
-                    event_id,
-                    event_type: event_type.to_string(),
-                    body,
-                    published_ms,
-                },
-                targets,
-            )
-            .await?;
+        let event = NewEvent {
+            namespace: namespace.to_string(),
+            event_id,
+            event_type: event_type.to_string(),
+            body,
+            published_ms,
+        };
+        // Idle lanes start with the publish, which claims their delivery. Nothing between
+        // taking their slots and the task that gives back what is not claimed can fail.
+        let started: Vec<Prestart> =
+            if self.stopping.load(Ordering::Acquire) || !self.store.claims_with_publish() {
+                Vec::new()
+            } else {
+                let mut guard = self.lock();
+                let inner = &mut *guard;
+                targets
+                    .iter()
+                    .filter_map(|uid| {
+                        let config = inner.subs.get(uid.as_str())?;
+                        let fence = match self.ownership.get() {
+                            None => None,
+                            Some(o) => Some((o.clone(), o.fence(o.shard_of(uid))?)),
+                        };
+                        inner
+                            .scheduler
+                            .start_idle(uid)
+                            .then(|| (config.clone(), fence))
+                    })
+                    .collect()
+            };
+        let started_uids: Vec<Arc<str>> = started.iter().map(|(c, _)| c.uid.clone()).collect();
+        let result = if started.is_empty() {
+            self.store.publish(event, targets).await?
+        } else {
+            // Its own task, so that it runs to the end even if the caller goes away: the
+            // claims committed with the publish are attempts only this task starts.
+            let engine = self.clone();
+            tokio::spawn(async move { engine.publish_and_start(event, targets, started).await })
+                .await
+                .map_err(|e| store::Error::Backend(format!("the publish stopped: {e}")))??
+        };
         // What the store wrote stays counted; the rest is released when `reservation` drops.
         reservation.count -= (result.targets.len() as u64).min(reservation.count);
         drop(reservation);
@@ -589,8 +624,11 @@ impl Engine {
         }
         if !result.targets.is_empty() {
             let mut inner = self.lock();
+            // A lane started with the publish is woken by its attempt's end.
             for uid in &result.targets {
-                inner.scheduler.wake(uid);
+                if !started_uids.iter().any(|s| **s == **uid) {
+                    inner.scheduler.wake(uid);
+                }
             }
             drop(inner);
             self.wakeup.notify_one();
@@ -602,6 +640,55 @@ impl Engine {
             }
         }
         Ok(result)
+    }
+
+    /// Publishes, claiming in the same transaction the deliveries of the lanes `started`
+    /// (their slots already taken), and starts an attempt for each claim. A lane whose
+    /// claim the store did not make (it claims nothing, the event was a duplicate, the
+    /// subscription is paused or gone, the write failed) gives its slot back and is woken
+    /// to claim as usual.
+    async fn publish_and_start(
+        self: Arc<Self>,
+        event: NewEvent,
+        targets: Vec<String>,
+        started: Vec<Prestart>,
+    ) -> store::Result<PublishResult> {
+        let claims = started
+            .iter()
+            .map(|(config, fence)| (config.uid.to_string(), fence.as_ref().map(|(_, f)| *f)))
+            .collect();
+        let (result, mut claimed) = match self.store.publish_and_claim(event, targets, claims).await
+        {
+            Ok((result, claimed)) => (Ok(result), claimed),
+            Err(e) => (Err(e), Vec::new()),
+        };
+        let mut unclaimed = Vec::new();
+        for (config, fenced) in started {
+            match claimed
+                .iter()
+                .position(|c| c.subscription_uid == *config.uid)
+            {
+                Some(i) => {
+                    let claim = claimed.swap_remove(i);
+                    self.running.fetch_add(1, Ordering::AcqRel);
+                    let engine = self.clone();
+                    tokio::spawn(
+                        async move { engine.attempt_claimed(config, claim, fenced).await },
+                    );
+                }
+                None => unclaimed.push(config),
+            }
+        }
+        if !unclaimed.is_empty() {
+            let mut inner = self.lock();
+            for config in &unclaimed {
+                inner.scheduler.release(&config.uid, &config.namespace);
+                inner.scheduler.wake(&config.uid);
+            }
+            drop(inner);
+            self.wakeup.notify_one();
+        }
+        result
     }
 
     pub async fn list(
@@ -852,7 +939,12 @@ impl Engine {
     /// Gives back a claim whose shard this replica no longer holds, retrying while the store
     /// cannot take it (as a record is retried): left in flight, the delivery would wait for the
     /// next take-over or start if the hold only lapsed and comes back.
-    async fn unclaim(&self, config: &SubscriptionConfig, claimed: &Claimed, fence: ShardFence) {
+    async fn unclaim(
+        &self,
+        config: &SubscriptionConfig,
+        claimed: &Claimed,
+        fence: Option<ShardFence>,
+    ) {
         let mut backoff = Duration::from_millis(100);
         loop {
             match self
@@ -861,15 +953,23 @@ impl Engine {
                 .await
             {
                 Ok(undone) => {
-                    tracing::debug!(
-                        target: "herald::shards",
-                        namespace = %config.namespace,
-                        subscription = %config.name,
-                        shard = fence.shard,
-                        epoch = fence.epoch,
-                        undone,
-                        "the shard's hold ended during the claim: not started"
-                    );
+                    match fence {
+                        Some(fence) => tracing::debug!(
+                            target: "herald::shards",
+                            namespace = %config.namespace,
+                            subscription = %config.name,
+                            shard = fence.shard,
+                            epoch = fence.epoch,
+                            undone,
+                            "the shard's hold ended during the claim: not started"
+                        ),
+                        None => tracing::debug!(
+                            namespace = %config.namespace,
+                            subscription = %config.name,
+                            undone,
+                            "stopping during the claim: not started"
+                        ),
+                    }
                     return;
                 }
                 Err(e) if !self.stopping.load(Ordering::Acquire) => {
@@ -921,7 +1021,7 @@ impl Engine {
             (Ok(Claim::Claimed(claimed)), Some((ownership, fence)))
                 if ownership.fence(fence.shard) != Some(fence) =>
             {
-                self.unclaim(&config, &claimed, fence).await;
+                self.unclaim(&config, &claimed, Some(fence)).await;
                 Ok(Claim::Idle { next_due_ms: None })
             }
             (claim, _) => claim,
@@ -949,7 +1049,37 @@ impl Engine {
                 return;
             }
         };
+        self.send_and_record(&config, claimed).await;
+    }
 
+    /// An attempt whose delivery was claimed with its publish (its lane's slot taken then).
+    async fn attempt_claimed(
+        self: Arc<Self>,
+        config: Arc<SubscriptionConfig>,
+        claimed: Claimed,
+        fenced: Option<(Arc<Ownership>, ShardFence)>,
+    ) {
+        let _running = Running(&self);
+        // As after any claim: nothing is sent once stopping, or when the shard's hold ended
+        // while the publish was being committed; the delivery is due again.
+        let lost = fenced
+            .as_ref()
+            .is_some_and(|(ownership, fence)| ownership.fence(fence.shard) != Some(*fence));
+        if lost || self.stopping.load(Ordering::Acquire) {
+            let fence = fenced.map(|(_, fence)| fence);
+            self.unclaim(&config, &claimed, fence).await;
+            self.lock()
+                .scheduler
+                .release(&config.uid, &config.namespace);
+            self.wakeup.notify_one();
+            return;
+        }
+        self.send_and_record(&config, claimed).await;
+    }
+
+    /// Sends a claimed delivery, records the result, and gives the lane's slot back.
+    async fn send_and_record(&self, config: &Arc<SubscriptionConfig>, claimed: Claimed) {
+        let uid = &*config.uid;
         // One span per attempt: who and which event, never the secret or the payload.
         let span = tracing::info_span!(
             "attempt",
@@ -1039,7 +1169,7 @@ impl Engine {
             )
         });
 
-        record_metrics(&config, &result, next, completion.as_ref().ok());
+        record_metrics(config, &result, next, completion.as_ref().ok());
         let mut inner = self.lock();
         inner.scheduler.release(uid, &config.namespace);
         match &completion {
@@ -1143,10 +1273,14 @@ mod tests {
     /// The SQLite store, with faults: `complete` fails a given number of times (a full disk),
     /// and a fenced claim can end the replica's hold of the shard while it is on its way (a
     /// pause, a late renewal).
+    /// With `claim_with_publish` it claims with a publish as SQLite does (and counts those
+    /// claims); without, it says it cannot, as the PostgreSQL store does.
     struct FaultyStore {
         inner: SqliteStore,
         failures: AtomicU32,
         lapse_during_claim: Mutex<Option<Arc<Ownership>>>,
+        claim_with_publish: bool,
+        claimed_with_publish: AtomicU32,
     }
 
     impl FaultyStore {
@@ -1155,6 +1289,14 @@ mod tests {
                 inner: SqliteStore::open(dir).unwrap(),
                 failures: AtomicU32::new(failures),
                 lapse_during_claim: Mutex::new(lapse),
+                claim_with_publish: false,
+                claimed_with_publish: AtomicU32::new(0),
+            }
+        }
+
+        fn lapse(&self, fence: ShardFence) {
+            if let Some(ownership) = self.lapse_during_claim.lock().unwrap().take() {
+                ownership.hold(fence.shard, fence.epoch, std::time::Instant::now());
             }
         }
     }
@@ -1182,6 +1324,30 @@ mod tests {
         async fn publish(&self, e: NewEvent, t: Vec<String>) -> store::Result<PublishResult> {
             self.inner.publish(e, t).await
         }
+        async fn publish_and_claim(
+            &self,
+            e: NewEvent,
+            t: Vec<String>,
+            claims: Vec<(String, Option<ShardFence>)>,
+        ) -> store::Result<(PublishResult, Vec<Claimed>)> {
+            assert!(
+                self.claim_with_publish,
+                "asked to claim by a store that says it cannot"
+            );
+            let fences: Vec<ShardFence> = claims.iter().filter_map(|(_, f)| *f).collect();
+            let (result, claimed) = self.inner.publish_and_claim(e, t, claims).await?;
+            self.claimed_with_publish
+                .fetch_add(claimed.len() as u32, Ordering::AcqRel);
+            if !claimed.is_empty()
+                && let Some(fence) = fences.first()
+            {
+                self.lapse(*fence);
+            }
+            Ok((result, claimed))
+        }
+        fn claims_with_publish(&self) -> bool {
+            self.claim_with_publish
+        }
         async fn published(&self, ns: &str, id: &str) -> store::Result<Option<PublishResult>> {
             self.inner.published(ns, id).await
         }
@@ -1190,10 +1356,8 @@ mod tests {
         }
         async fn claim_fenced(&self, uid: &str, now: i64, f: ShardFence) -> store::Result<Claim> {
             let claim = self.inner.claim_fenced(uid, now, f).await;
-            if matches!(claim, Ok(Claim::Claimed(_)))
-                && let Some(ownership) = self.lapse_during_claim.lock().unwrap().take()
-            {
-                ownership.hold(f.shard, f.epoch, std::time::Instant::now());
+            if matches!(claim, Ok(Claim::Claimed(_))) {
+                self.lapse(f);
             }
             claim
         }
@@ -1279,7 +1443,7 @@ mod tests {
         .unwrap()
     }
 
-    async fn publish(engine: &Engine, id: &str) {
+    async fn publish(engine: &Arc<Engine>, id: &str) {
         let data = RawValue::from_string("{}".into()).unwrap();
         engine
             .publish("ns", Some(id.into()), "t", &data)
@@ -1388,17 +1552,43 @@ mod tests {
     /// claim not counted as an attempt, and goes out once the shard is held again.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_claim_that_outlives_its_hold_is_given_back_unsent() {
+        claim_outlives_its_hold(false).await;
+    }
+
+    /// The same when the claim was made with the publish (an idle lane).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_claim_made_with_its_publish_that_outlives_its_hold_is_given_back_unsent() {
+        claim_outlives_its_hold(true).await;
+    }
+
+    async fn claim_outlives_its_hold(claim_with_publish: bool) {
         let (address, hits) = counting_receiver().await;
         let dir = std::env::temp_dir().join(format!("herald-engine-{}", uuid::Uuid::now_v7()));
         let ownership = Arc::new(Ownership::new(1));
-        let store = Arc::new(FaultyStore::new(&dir, 0, Some(ownership.clone())));
+        let mut store = FaultyStore::new(&dir, 0, Some(ownership.clone()));
+        store.claim_with_publish = claim_with_publish;
+        let store = Arc::new(store);
         let engine = holding_the_only_shard(store.clone(), ownership, address).await;
         let later = || std::time::Instant::now() + Duration::from_secs(60);
+        // Taking the shard woke the lane: it finds nothing and rests before the publish.
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        while engine.lock().scheduler.wants("uid-1") || engine.lock().scheduler.in_flight() > 0 {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the lane never rested"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
 
         publish(&engine, "evt-1").await;
+        assert_eq!(
+            store.claimed_with_publish.load(Ordering::Acquire),
+            u32::from(claim_with_publish)
+        );
         let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
         while store.lapse_during_claim.lock().unwrap().is_some()
             || engine.lock().scheduler.wants("uid-1")
+            || engine.lock().scheduler.in_flight() > 0
         {
             assert!(
                 tokio::time::Instant::now() < deadline,
@@ -1425,6 +1615,50 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(list[0].attempts, 1, "the unsent claim was counted");
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    /// An idle lane's delivery is claimed in its publish's transaction and sent at once; a
+    /// repeated publish of the same id claims nothing and gives the lane's slot back.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_idle_lane_is_claimed_with_its_publish() {
+        let (address, hits) = counting_receiver().await;
+        let dir = std::env::temp_dir().join(format!("herald-engine-{}", uuid::Uuid::now_v7()));
+        let mut store = FaultyStore::new(&dir, 0, None);
+        store.claim_with_publish = true;
+        let store = Arc::new(store);
+        let engine = test_engine(store.clone());
+        engine.upsert(hook(address)).await.unwrap();
+        engine.recover().await.unwrap();
+        engine.spawn();
+
+        publish(&engine, "evt-1").await;
+        assert_eq!(store.claimed_with_publish.load(Ordering::Acquire), 1);
+        wait_delivered(&engine, Duration::from_secs(10), "claimed with its publish").await;
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        while engine.lock().scheduler.in_flight() > 0 || engine.lock().scheduler.wants("uid-1") {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the lane never came to rest"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+
+        publish(&engine, "evt-1").await;
+        assert_eq!(store.claimed_with_publish.load(Ordering::Acquire), 1);
+        while engine.lock().scheduler.in_flight() > 0 || engine.lock().scheduler.wants("uid-1") {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the repeated publish left the lane's slot taken"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert_eq!(hits.load(Ordering::Acquire), 1);
+        let list = engine
+            .list("ns", "hook", StateFilter::All, 10)
+            .await
+            .unwrap();
+        assert_eq!((list.len(), list[0].attempts), (1, 1));
         let _ = std::fs::remove_dir_all(dir);
     }
 }

@@ -250,6 +250,30 @@ impl Scheduler {
         }
     }
 
+    /// Starts an attempt of a lane with nothing on the wire, nothing known due and no place
+    /// in a queue, outside the round-robin, when its namespace is under its reserved floor
+    /// (and its quota) and has no lane waiting: a slot no other lane or namespace was
+    /// waiting for. A publish that gives such a lane its only due delivery claims it in the
+    /// same transaction, saving the lane a claim of its own. False: wake the lane instead.
+    pub fn start_idle(&mut self, uid: &str) -> bool {
+        let Some(lane) = self.lanes.get_mut(uid) else {
+            return false;
+        };
+        if lane.in_flight > 0 || lane.queued || lane.wants {
+            return false;
+        }
+        let Some(ns) = self.namespaces.get_mut(&lane.namespace) else {
+            return false;
+        };
+        if ns.in_flight >= ns.limit.min(self.reserved) || !ns.ready.is_empty() {
+            return false;
+        }
+        lane.in_flight += 1;
+        ns.in_flight += 1;
+        self.global_in_flight += 1;
+        true
+    }
+
     /// An attempt of the lane finished (or found nothing to do): give its slot back.
     pub fn release(&mut self, uid: &str, namespace: &str) {
         self.global_in_flight = self.global_in_flight.saturating_sub(1);
@@ -431,6 +455,43 @@ mod tests {
     }
 
     #[test]
+    fn only_an_idle_lane_under_its_floor_starts_with_its_publish() {
+        let mut s = Scheduler::new(1, 4, 2);
+        for uid in ["a", "b", "c"] {
+            s.upsert_lane(&uid.into(), "ns", 1);
+        }
+        s.upsert_lane(&"other".into(), "busy", 1);
+        assert!(s.start_idle("a"));
+        assert!(
+            !s.start_idle("a"),
+            "a lane with an attempt on the wire waits its turn"
+        );
+        s.wake("b");
+        assert!(
+            !s.start_idle("b"),
+            "a lane known to have work is queued, not jumped"
+        );
+        assert!(
+            !s.start_idle("c"),
+            "b waits in the namespace: c does not go first"
+        );
+        assert_eq!(drain(&mut s), ["b"]);
+        assert!(
+            !s.start_idle("c"),
+            "at the namespace's floor of 2: the pool is not for this"
+        );
+        assert_eq!((s.in_flight(), s.pool_in_flight), (2, 0));
+        // Slots taken outside the round-robin are given back like any other.
+        s.release("a", "ns");
+        assert!(s.start_idle("c"));
+        s.release("b", "ns");
+        s.release("c", "ns");
+        assert_eq!((s.in_flight(), s.pool_in_flight), (0, 0));
+        assert!(s.start_idle("other"));
+        assert!(!s.start_idle("nobody"));
+    }
+
+    #[test]
     fn a_full_pool_never_stops_a_namespace_under_its_floor() {
         // Pool of 4, floor of 2: three namespaces with plenty of due work hold their floors
         // (6) and the whole pool (4).
@@ -483,6 +544,9 @@ mod tests {
             Finish { pick: usize, more: bool },
             /// A namespace's quota changes.
             Quota { ns: usize, limit: Option<u32> },
+            /// A publish gives a lane work: started at once if idle under its floor
+            /// (the engine claims with the publish), woken otherwise.
+            Publish(usize),
         }
 
         const NAMESPACES: usize = 4;
@@ -494,6 +558,7 @@ mod tests {
                 3 => Just(Op::Drain),
                 4 => (any::<usize>(), any::<bool>()).prop_map(|(pick, more)| Op::Finish { pick, more }),
                 1 => (0..NAMESPACES, proptest::option::of(1u32..6)).prop_map(|(ns, limit)| Op::Quota { ns, limit }),
+                3 => (0..LANES).prop_map(Op::Publish),
             ]
         }
 
@@ -563,6 +628,17 @@ mod tests {
                         }
                         Op::Quota { ns, limit } => {
                             s.set_namespace_limit(&format!("ns{ns}"), limit);
+                        }
+                        Op::Publish(i) => {
+                            let (uid, ns) = lane(i);
+                            if s.start_idle(&uid) {
+                                let ns = &s.namespaces[ns.as_str()];
+                                prop_assert!(ns.in_flight <= ns.limit.min(s.reserved),
+                                    "{uid} started outside the round-robin past its floor");
+                                running.push((uid.into(), lane(i).1.into()));
+                            } else {
+                                s.wake(&uid);
+                            }
                         }
                     }
                     check(&s, &running);

@@ -245,6 +245,27 @@ pub trait Store: Send + Sync + 'static {
     /// already published in the namespace writes nothing and returns the first answer.
     async fn publish(&self, event: NewEvent, targets: Vec<String>) -> Result<PublishResult>;
 
+    /// [`Store::publish`], and in the same transaction, for each `(uid, fence)` of `claims`
+    /// that got a delivery now, the claim [`Store::claim_next`] (or with a fence
+    /// [`Store::claim_fenced`]) would make at the event's publish time. The engine asks this
+    /// for lanes it started with the publish, so that an idle lane's first attempt costs no
+    /// claim of its own. A store that cannot do both in one transaction claims nothing, and
+    /// the engine then wakes those lanes as usual.
+    async fn publish_and_claim(
+        &self,
+        event: NewEvent,
+        targets: Vec<String>,
+        claims: Vec<(String, Option<ShardFence>)>,
+    ) -> Result<(PublishResult, Vec<Claimed>)> {
+        let _ = claims;
+        Ok((self.publish(event, targets).await?, Vec::new()))
+    }
+
+    /// Whether [`Store::publish_and_claim`] claims: if not, the engine asks it for nothing.
+    fn claims_with_publish(&self) -> bool {
+        false
+    }
+
     /// Ok while the store can commit; after a write failed for want of space or I/O, Ok only
     /// once a synced commit succeeds again (for /readyz).
     async fn check_writable(&self) -> Result<()> {

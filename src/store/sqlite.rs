@@ -415,69 +415,36 @@ impl Store for SqliteStore {
 
     async fn publish(&self, event: NewEvent, targets: Vec<String>) -> Result<PublishResult> {
         self.run(Durability::Synced, move |conn| {
-            let existing: Option<u32> = conn
-                .prepare_cached(
-                    "SELECT matched FROM events WHERE namespace = ?1 AND event_id = ?2",
-                )?
-                .query_row(params![event.namespace, event.event_id], |r| r.get(0))
-                .optional()?;
-            if let Some(matched) = existing {
-                return Ok(PublishResult {
-                    event_id: event.event_id,
-                    matched,
-                    duplicate: true,
-                    targets: Vec::new(),
-                });
-            }
-            // An event that matches nothing keeps its id (a repeat stays idempotent) but not
-            // its body: nothing will ever send it, and unmatched floods must not fill the disk.
-            let body: &[u8] = if targets.is_empty() { &[] } else { &event.body };
-            conn.prepare_cached(
-                "INSERT INTO events (namespace, event_id, event_type, body, published_ms, matched)
-                 VALUES (?1, ?2, ?3, ?4, ?5, 0)",
-            )?
-            .execute(params![
-                event.namespace,
-                event.event_id,
-                event.event_type,
-                body,
-                event.published_ms
-            ])?;
-            let event_row = conn.last_insert_rowid();
-            let mut live = Vec::with_capacity(targets.len());
-            {
-                let mut insert = conn.prepare_cached(
-                    "INSERT INTO deliveries (event, sub_uid, state, due_ms, window_start_ms)
-                     SELECT ?1, uid, 0, ?2, ?2 FROM subscriptions
-                     WHERE uid = ?3 AND live = 1 AND namespace = ?4",
-                )?;
-                for uid in targets {
-                    if insert.execute(params![
-                        event_row,
-                        event.published_ms,
-                        uid,
-                        event.namespace
-                    ])? == 1
-                    {
-                        live.push(uid);
-                    }
-                }
-            }
-            if live.is_empty() {
-                conn.prepare_cached("UPDATE events SET body = x'' WHERE id = ?1")?
-                    .execute([event_row])?;
-            } else {
-                conn.prepare_cached("UPDATE events SET matched = ?2 WHERE id = ?1")?
-                    .execute(params![event_row, live.len() as u32])?;
-            }
-            Ok(PublishResult {
-                event_id: event.event_id,
-                matched: live.len() as u32,
-                duplicate: false,
-                targets: live,
-            })
+            publish(conn, event, targets)
         })
         .await
+    }
+
+    async fn publish_and_claim(
+        &self,
+        event: NewEvent,
+        targets: Vec<String>,
+        claims: Vec<(String, Option<ShardFence>)>,
+    ) -> Result<(PublishResult, Vec<Claimed>)> {
+        self.run(Durability::Synced, move |conn| {
+            let now_ms = event.published_ms;
+            let result = publish(conn, event, targets)?;
+            let mut claimed = Vec::with_capacity(claims.len());
+            for (uid, fence) in claims {
+                if !result.targets.contains(&uid) {
+                    continue;
+                }
+                if let Claim::Claimed(c) = claim(conn, uid, now_ms, fence)? {
+                    claimed.push(c);
+                }
+            }
+            Ok((result, claimed))
+        })
+        .await
+    }
+
+    fn claims_with_publish(&self) -> bool {
+        true
     }
 
     async fn check_writable(&self) -> Result<()> {
@@ -780,6 +747,67 @@ impl Store for SqliteStore {
 }
 
 /// SQLite integers are signed; counts never are.
+/// Stores the event and one pending delivery per live target (see [`Store::publish`]).
+fn publish(
+    conn: &Connection,
+    event: NewEvent,
+    targets: Vec<String>,
+) -> rusqlite::Result<PublishResult> {
+    let existing: Option<u32> = conn
+        .prepare_cached("SELECT matched FROM events WHERE namespace = ?1 AND event_id = ?2")?
+        .query_row(params![event.namespace, event.event_id], |r| r.get(0))
+        .optional()?;
+    if let Some(matched) = existing {
+        return Ok(PublishResult {
+            event_id: event.event_id,
+            matched,
+            duplicate: true,
+            targets: Vec::new(),
+        });
+    }
+    // An event that matches nothing keeps its id (a repeat stays idempotent) but not
+    // its body: nothing will ever send it, and unmatched floods must not fill the disk.
+    let body: &[u8] = if targets.is_empty() { &[] } else { &event.body };
+    conn.prepare_cached(
+        "INSERT INTO events (namespace, event_id, event_type, body, published_ms, matched)
+             VALUES (?1, ?2, ?3, ?4, ?5, 0)",
+    )?
+    .execute(params![
+        event.namespace,
+        event.event_id,
+        event.event_type,
+        body,
+        event.published_ms
+    ])?;
+    let event_row = conn.last_insert_rowid();
+    let mut live = Vec::with_capacity(targets.len());
+    {
+        let mut insert = conn.prepare_cached(
+            "INSERT INTO deliveries (event, sub_uid, state, due_ms, window_start_ms)
+                 SELECT ?1, uid, 0, ?2, ?2 FROM subscriptions
+                 WHERE uid = ?3 AND live = 1 AND namespace = ?4",
+        )?;
+        for uid in targets {
+            if insert.execute(params![event_row, event.published_ms, uid, event.namespace])? == 1 {
+                live.push(uid);
+            }
+        }
+    }
+    if live.is_empty() {
+        conn.prepare_cached("UPDATE events SET body = x'' WHERE id = ?1")?
+            .execute([event_row])?;
+    } else {
+        conn.prepare_cached("UPDATE events SET matched = ?2 WHERE id = ?1")?
+            .execute(params![event_row, live.len() as u32])?;
+    }
+    Ok(PublishResult {
+        event_id: event.event_id,
+        matched: live.len() as u32,
+        duplicate: false,
+        targets: live,
+    })
+}
+
 fn count(r: &rusqlite::Row<'_>, index: usize) -> rusqlite::Result<u64> {
     Ok(r.get::<_, i64>(index)?.max(0) as u64)
 }
@@ -894,6 +922,19 @@ mod tests {
         let dir = temp_dir();
         let store = SqliteStore::open(&dir).unwrap();
         super::super::suite::run(&store).await;
+        drop(store);
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    /// SQLite claims with the publish, in its transaction (the suite allows a store not to).
+    #[tokio::test]
+    async fn sqlite_claims_with_the_publish() {
+        let dir = temp_dir();
+        let store = SqliteStore::open(&dir).unwrap();
+        assert_eq!(
+            super::super::suite::claims_made_with_a_publish(&store).await,
+            1
+        );
         drop(store);
         let _ = std::fs::remove_dir_all(dir);
     }

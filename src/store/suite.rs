@@ -61,6 +61,7 @@ pub async fn run(store: &dyn Store) {
     pause_blocks_claims(store).await;
     prune_keeps_what_is_unfinished(store).await;
     shard_epochs_fence_claims(store).await;
+    claims_made_with_a_publish(store).await;
 }
 
 async fn publish_is_atomic_idempotent_and_fenced(store: &dyn Store) {
@@ -706,4 +707,69 @@ async fn shard_epochs_fence_claims(store: &dyn Store) {
     for uid in ["s1", "s2"] {
         store.remove_subscription(uid).await.unwrap();
     }
+}
+
+/// What a publish claims is what [`Store::claim_next`] would have claimed at the event's
+/// time, only for the subscriptions asked for that got a delivery now and are unpaused; a
+/// store may claim nothing, and then those deliveries wait for a claim. Returns how many
+/// the store claimed with the first publish (0 or 1).
+pub async fn claims_made_with_a_publish(store: &dyn Store) -> usize {
+    for uid in ["w1", "w2", "w3"] {
+        store.upsert_subscription(sub(uid)).await.unwrap();
+    }
+    store
+        .upsert_subscription(SubscriptionRecord {
+            paused: true,
+            ..sub("w3")
+        })
+        .await
+        .unwrap();
+    let asked = vec![
+        ("w1".to_string(), None),
+        ("w3".to_string(), None),
+        ("gone".to_string(), None),
+    ];
+    let targets = vec!["w1".into(), "w2".into(), "w3".into()];
+    let (first, claimed) = store
+        .publish_and_claim(event("evt-w", 5000), targets, asked)
+        .await
+        .unwrap();
+    assert_eq!(first.targets, ["w1", "w2", "w3"]);
+    assert!(
+        claimed.len() <= 1,
+        "only w1 may be claimed (w2 was not asked for, w3 is paused, gone got nothing): {claimed:?}"
+    );
+    for c in &claimed {
+        assert_eq!(
+            (c.subscription_uid.as_str(), c.event_id.as_str(), c.attempt),
+            ("w1", "evt-w", 1)
+        );
+        assert_eq!(c.body, event("evt-w", 5000).body);
+    }
+    if claimed.is_empty() {
+        claim(store, "w1", 5000).await;
+    }
+    assert_eq!(
+        idle(store, "w1", 5000).await,
+        None,
+        "w1's delivery claimed twice"
+    );
+    assert_eq!(claim(store, "w2", 5000).await.event_id, "evt-w");
+    assert_eq!(
+        idle(store, "w3", 5000).await,
+        None,
+        "a paused subscription was claimed"
+    );
+
+    let (again, none) = store
+        .publish_and_claim(
+            event("evt-w", 6000),
+            vec!["w1".into()],
+            vec![("w1".into(), None)],
+        )
+        .await
+        .unwrap();
+    assert!(again.duplicate, "{again:?}");
+    assert!(none.is_empty(), "a repeated id claimed {none:?}");
+    claimed.len()
 }

@@ -39,6 +39,17 @@ impl<S: Store> Store for Timed<S> {
     async fn publish(&self, event: NewEvent, targets: Vec<String>) -> Result<PublishResult> {
         timed("publish", self.0.publish(event, targets)).await
     }
+    async fn publish_and_claim(
+        &self,
+        event: NewEvent,
+        targets: Vec<String>,
+        claims: Vec<(String, Option<ShardFence>)>,
+    ) -> Result<(PublishResult, Vec<Claimed>)> {
+        timed("publish", self.0.publish_and_claim(event, targets, claims)).await
+    }
+    fn claims_with_publish(&self) -> bool {
+        self.0.claims_with_publish()
+    }
     async fn check_writable(&self) -> Result<()> {
         timed("check_writable", self.0.check_writable()).await
     }
