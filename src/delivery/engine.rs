@@ -161,12 +161,15 @@ pub struct Engine {
     ownership: OnceLock<Arc<Ownership>>,
 }
 
-/// A lane started with a publish: its config, and with several replicas the shard's hold
-/// its claim is fenced by.
-type Prestart = (
-    Arc<SubscriptionConfig>,
-    Option<(Arc<Ownership>, ShardFence)>,
-);
+/// A lane started with a publish.
+struct Prestart {
+    config: Arc<SubscriptionConfig>,
+    /// With several replicas: the shard's hold its claim is fenced by.
+    fenced: Option<(Arc<Ownership>, ShardFence)>,
+    /// The lane's wake count when it started: unchanged at the attempt's end, the lane
+    /// rests instead of asking the store for more.
+    epoch: u64,
+}
 
 /// Counts an attempt task for [`Engine::drain`] until it ends, however it ends.
 struct Running<'a>(&'a Engine);
@@ -595,14 +598,15 @@ impl Engine {
                             None => None,
                             Some(o) => Some((o.clone(), o.fence(o.shard_of(uid))?)),
                         };
-                        inner
-                            .scheduler
-                            .start_idle(uid)
-                            .then(|| (config.clone(), fence))
+                        inner.scheduler.start_idle(uid).then(|| Prestart {
+                            config: config.clone(),
+                            fenced: fence,
+                            epoch: inner.scheduler.epoch(uid),
+                        })
                     })
                     .collect()
             };
-        let started_uids: Vec<Arc<str>> = started.iter().map(|(c, _)| c.uid.clone()).collect();
+        let started_uids: Vec<Arc<str>> = started.iter().map(|p| p.config.uid.clone()).collect();
         let result = if started.is_empty() {
             self.store.publish(event, targets).await?
         } else {
@@ -655,7 +659,7 @@ impl Engine {
     ) -> store::Result<PublishResult> {
         let claims = started
             .iter()
-            .map(|(config, fence)| (config.uid.to_string(), fence.as_ref().map(|(_, f)| *f)))
+            .map(|p| (p.config.uid.to_string(), p.fenced.as_ref().map(|(_, f)| *f)))
             .collect();
         let (result, mut claimed) = match self.store.publish_and_claim(event, targets, claims).await
         {
@@ -663,20 +667,18 @@ impl Engine {
             Err(e) => (Err(e), Vec::new()),
         };
         let mut unclaimed = Vec::new();
-        for (config, fenced) in started {
+        for started in started {
             match claimed
                 .iter()
-                .position(|c| c.subscription_uid == *config.uid)
+                .position(|c| c.subscription_uid == *started.config.uid)
             {
                 Some(i) => {
                     let claim = claimed.swap_remove(i);
                     self.running.fetch_add(1, Ordering::AcqRel);
                     let engine = self.clone();
-                    tokio::spawn(
-                        async move { engine.attempt_claimed(config, claim, fenced).await },
-                    );
+                    tokio::spawn(async move { engine.attempt_claimed(started, claim).await });
                 }
-                None => unclaimed.push(config),
+                None => unclaimed.push(started.config),
             }
         }
         if !unclaimed.is_empty() {
@@ -1049,17 +1051,17 @@ impl Engine {
                 return;
             }
         };
-        self.send_and_record(&config, claimed).await;
+        self.send_and_record(&config, claimed, None).await;
     }
 
     /// An attempt whose delivery was claimed with its publish (its lane's slot taken then).
-    async fn attempt_claimed(
-        self: Arc<Self>,
-        config: Arc<SubscriptionConfig>,
-        claimed: Claimed,
-        fenced: Option<(Arc<Ownership>, ShardFence)>,
-    ) {
+    async fn attempt_claimed(self: Arc<Self>, started: Prestart, claimed: Claimed) {
         let _running = Running(&self);
+        let Prestart {
+            config,
+            fenced,
+            epoch,
+        } = started;
         // As after any claim: nothing is sent once stopping, or when the shard's hold ended
         // while the publish was being committed; the delivery is due again.
         let lost = fenced
@@ -1074,11 +1076,19 @@ impl Engine {
             self.wakeup.notify_one();
             return;
         }
-        self.send_and_record(&config, claimed).await;
+        self.send_and_record(&config, claimed, Some(epoch)).await;
     }
 
-    /// Sends a claimed delivery, records the result, and gives the lane's slot back.
-    async fn send_and_record(&self, config: &Arc<SubscriptionConfig>, claimed: Claimed) {
+    /// Sends a claimed delivery, records the result, and gives the lane's slot back. The
+    /// lane is then woken to claim what else is due, unless it was started with a publish
+    /// at wake count `rest_at` and nothing woke it since: it had nothing else due then,
+    /// and whatever is due later has its timer.
+    async fn send_and_record(
+        &self,
+        config: &Arc<SubscriptionConfig>,
+        claimed: Claimed,
+        rest_at: Option<u64>,
+    ) {
         let uid = &*config.uid;
         // One span per attempt: who and which event, never the secret or the payload.
         let span = tracing::info_span!(
@@ -1182,7 +1192,9 @@ impl Engine {
                 tracing::error!(error = %e, "recording an attempt failed while stopping; it is made again after the next start");
             }
         }
-        inner.scheduler.wake(uid);
+        if rest_at != Some(inner.scheduler.epoch(uid)) {
+            inner.scheduler.wake(uid);
+        }
         drop(inner);
         self.wakeup.notify_one();
 
@@ -1281,6 +1293,7 @@ mod tests {
         lapse_during_claim: Mutex<Option<Arc<Ownership>>>,
         claim_with_publish: bool,
         claimed_with_publish: AtomicU32,
+        claims_next: AtomicU32,
     }
 
     impl FaultyStore {
@@ -1291,6 +1304,7 @@ mod tests {
                 lapse_during_claim: Mutex::new(lapse),
                 claim_with_publish: false,
                 claimed_with_publish: AtomicU32::new(0),
+                claims_next: AtomicU32::new(0),
             }
         }
 
@@ -1352,6 +1366,7 @@ mod tests {
             self.inner.published(ns, id).await
         }
         async fn claim_next(&self, uid: &str, now: i64) -> store::Result<Claim> {
+            self.claims_next.fetch_add(1, Ordering::AcqRel);
             self.inner.claim_next(uid, now).await
         }
         async fn claim_fenced(&self, uid: &str, now: i64, f: ShardFence) -> store::Result<Claim> {
@@ -1618,8 +1633,9 @@ mod tests {
         let _ = std::fs::remove_dir_all(dir);
     }
 
-    /// An idle lane's delivery is claimed in its publish's transaction and sent at once; a
-    /// repeated publish of the same id claims nothing and gives the lane's slot back.
+    /// An idle lane's delivery is claimed in its publish's transaction and sent at once, and
+    /// the lane then rests without a claim of its own; a repeated publish of the same id
+    /// claims nothing and gives the lane's slot back.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn an_idle_lane_is_claimed_with_its_publish() {
         let (address, hits) = counting_receiver().await;
@@ -1632,27 +1648,34 @@ mod tests {
         engine.recover().await.unwrap();
         engine.spawn();
 
-        publish(&engine, "evt-1").await;
-        assert_eq!(store.claimed_with_publish.load(Ordering::Acquire), 1);
-        wait_delivered(&engine, Duration::from_secs(10), "claimed with its publish").await;
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-        while engine.lock().scheduler.in_flight() > 0 || engine.lock().scheduler.wants("uid-1") {
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "the lane never came to rest"
-            );
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
+        let rests = |what: &'static str| {
+            let engine = engine.clone();
+            async move {
+                let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+                while engine.lock().scheduler.in_flight() > 0
+                    || engine.lock().scheduler.wants("uid-1")
+                {
+                    assert!(tokio::time::Instant::now() < deadline, "{what}");
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+            }
+        };
+        rests("the lane never rested after its start").await;
+        let claims_before = store.claims_next.load(Ordering::Acquire);
 
         publish(&engine, "evt-1").await;
         assert_eq!(store.claimed_with_publish.load(Ordering::Acquire), 1);
-        while engine.lock().scheduler.in_flight() > 0 || engine.lock().scheduler.wants("uid-1") {
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "the repeated publish left the lane's slot taken"
-            );
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
+        wait_delivered(&engine, Duration::from_secs(10), "claimed with its publish").await;
+        rests("the lane never came to rest").await;
+        assert_eq!(
+            store.claims_next.load(Ordering::Acquire),
+            claims_before,
+            "the lane asked the store for more after its only delivery"
+        );
+
+        publish(&engine, "evt-1").await;
+        assert_eq!(store.claimed_with_publish.load(Ordering::Acquire), 1);
+        rests("the repeated publish left the lane's slot taken").await;
         assert_eq!(hits.load(Ordering::Acquire), 1);
         let list = engine
             .list("ns", "hook", StateFilter::All, 10)
