@@ -593,7 +593,11 @@ impl Engine {
                 targets
                     .iter()
                     .filter_map(|uid| {
-                        let config = inner.subs.get(uid.as_str())?;
+                        // Paused, or no secret: the store would claim nothing.
+                        let config = inner
+                            .subs
+                            .get(uid.as_str())
+                            .filter(|c| !c.paused && c.signer.is_some())?;
                         let fence = match self.ownership.get() {
                             None => None,
                             Some(o) => Some((o.clone(), o.fence(o.shard_of(uid))?)),
