@@ -1297,6 +1297,12 @@ spec:
             SUB.replace("URL", "ftp://example.com/h"),
             SUB.replace("URL", "https://example.com/h") + "  delivery: {timeout: 5 days}\n",
             SUB.replace("URL", "https://example.com/h") + "  delivery: {timeout: 10m}\n",
+            // Issue 24 item 11: schema-valid text that overflowed the parser (a panic in
+            // debug builds), and one that parses but is far beyond every rule's bound.
+            SUB.replace("URL", "https://example.com/h")
+                + "  delivery: {timeout: 94522879700260684295381835.9h}\n",
+            SUB.replace("URL", "https://example.com/h")
+                + "  delivery: {retry: {maxDuration: 4000000000000000h}}\n",
             format!(
                 "{}---\n{}",
                 SUB.replace("URL", "https://a.example/"),

@@ -70,7 +70,11 @@ impl FromStr for Duration {
             let mut scale = unit_nanos;
             for digit in fraction.bytes().take(18) {
                 scale /= 10;
-                part += u128::from(digit - b'0') * scale;
+                // Checked too: a whole part just under u128::MAX nanoseconds plus its
+                // fraction overflows ("94522879700260684295381835.9h" is 29 characters).
+                part = part
+                    .checked_add(u128::from(digit - b'0') * scale)
+                    .ok_or_else(invalid)?;
             }
             nanos = nanos.checked_add(part).ok_or_else(invalid)?;
             rest = &tail[unit_len..];
@@ -171,6 +175,15 @@ mod tests {
             "s",
             "1h-30m",
             "99999999999999999999999999999h",
+            // Issue 24 item 11: within the schema's 32 characters and pattern, these
+            // overflowed u128 in the fraction (a panic in debug builds, a wrap in release).
+            "94522879700260684295381835.9h",
+            "94522879700260684295381835.99h",
+            "5671372782015641057722910123.99m",
+            // The sum of two parts overflows.
+            "94522879700260684295381835h1h",
+            // Fits u128 nanoseconds, not u64 seconds.
+            "340282366920938463463374607s",
             "1.s",
             ".5s",
             "1..5s",
@@ -180,6 +193,23 @@ mod tests {
         ] {
             assert!(bad.parse::<Duration>().is_err(), "{bad:?} accepted");
             assert!(serde_json::from_str::<Duration>(&format!("{bad:?}")).is_err());
+        }
+    }
+
+    /// The overflowing inputs above are ones the API server lets through: they match the
+    /// schema's pattern and length, so only the parser stands between them and a panic.
+    #[test]
+    fn overflowing_durations_pass_the_schema_and_are_refused_here() {
+        let pattern = regex::Regex::new(PATTERN).unwrap();
+        for text in [
+            "94522879700260684295381835.9h",
+            "5671372782015641057722910123.99m",
+        ] {
+            assert!(
+                text.len() <= 32 && pattern.is_match(text),
+                "{text} is not schema-valid"
+            );
+            assert!(text.parse::<Duration>().is_err(), "{text} accepted");
         }
     }
 }
