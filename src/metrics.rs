@@ -82,7 +82,7 @@ static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
         ),
         published: counter(
             "herald_events_published_total",
-            "Events accepted by the ingest API (a repeated id counts once).",
+            "Events accepted by the ingest API (a repeated id counts once); events for a namespace where no subscription lives are counted under namespace=\"\".",
             &["namespace"],
         ),
         store_duration: histogram(

@@ -42,6 +42,11 @@ pub struct EngineConfig {
     pub history_retention: Duration,
 }
 
+/// The `namespace` label of `herald_events_published_total` for events published where no
+/// subscription lives: one series for all of them, so the registry stays bounded by the
+/// namespaces that hold subscriptions.
+pub const UNROUTED_NAMESPACE: &str = "";
+
 /// With several replicas: how often each takes its count of pending attempts per namespace
 /// from the store again.
 const PENDING_RECOUNT: Duration = Duration::from_secs(2);
@@ -511,6 +516,12 @@ impl Engine {
         // concurrent publishes cannot pass the limit together.
         let admitted = {
             let mut inner = self.lock();
+            // A namespace no subscription of this engine lives in is not a metric label:
+            // anyone allowed to publish anywhere could grow the registry without bound.
+            let routed = inner
+                .by_namespace
+                .get(namespace)
+                .is_some_and(|s| !s.is_empty());
             let targets: Vec<String> = inner
                 .by_namespace
                 .get(namespace)
@@ -543,10 +554,10 @@ impl Engine {
                     namespace,
                     count: more,
                 };
-                Ok((targets, reservation))
+                Ok((targets, reservation, routed))
             }
         };
-        let (targets, mut reservation) = match admitted {
+        let (targets, mut reservation, routed) = match admitted {
             Ok(admitted) => admitted,
             Err(refusal) => {
                 // A producer retrying an accepted event gets its first answer: the id is
@@ -625,9 +636,14 @@ impl Engine {
         reservation.count -= (result.targets.len() as u64).min(reservation.count);
         drop(reservation);
         if !result.duplicate {
+            let label = if routed {
+                namespace
+            } else {
+                UNROUTED_NAMESPACE
+            };
             crate::metrics::get()
                 .published
-                .with_label_values(&[namespace])
+                .with_label_values(&[label])
                 .inc();
         }
         if !result.targets.is_empty() {
@@ -1686,6 +1702,46 @@ mod tests {
             .await
             .unwrap();
         assert_eq!((list.len(), list[0].attempts), (1, 1));
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    /// Issue 24 item 10: publishing into namespaces without a subscription does not add a
+    /// metric series per namespace; a namespace with one keeps its own.
+    #[tokio::test]
+    async fn namespaces_without_subscriptions_share_one_published_series() {
+        let dir = std::env::temp_dir().join(format!("herald-engine-{}", uuid::Uuid::now_v7()));
+        let engine = test_engine(Arc::new(SqliteStore::open(&dir).unwrap()));
+        engine
+            .upsert(hook("127.0.0.1:9".parse().unwrap()))
+            .await
+            .unwrap();
+        let data = RawValue::from_string("{}".into()).unwrap();
+        for i in 0..50 {
+            engine
+                .publish(&format!("nobody-{i}"), None, "t", &data)
+                .await
+                .unwrap();
+        }
+        publish(&engine, "evt-1").await;
+        let text = crate::metrics::render(&Default::default());
+        let series: Vec<&str> = text
+            .lines()
+            .filter(|l| l.starts_with("herald_events_published_total{"))
+            .collect();
+        assert!(
+            !series.iter().any(|l| l.contains("namespace=\"nobody-")),
+            "a series per namespace without a subscription: {series:?}"
+        );
+        assert!(
+            series.iter().any(|l| l.contains("namespace=\"ns\"")),
+            "{series:?}"
+        );
+        assert!(
+            series
+                .iter()
+                .any(|l| l.contains(&format!("namespace=\"{UNROUTED_NAMESPACE}\""))),
+            "{series:?}"
+        );
         let _ = std::fs::remove_dir_all(dir);
     }
 }
