@@ -205,12 +205,58 @@ pub struct SigningSpec {
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct SecretKeyRef {
-    /// Name of the Secret, in the subscription's namespace.
-    #[schemars(length(min = 1, max = 253))]
+    /// Name of the Secret, in the subscription's namespace: a DNS-1123 subdomain, as every
+    /// Secret's name is.
+    #[schemars(
+        length(min = 1, max = 253),
+        regex(pattern = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+    )]
     pub name: String,
-    /// Key within the Secret's data.
-    #[schemars(length(min = 1, max = 253))]
+    /// Key within the Secret's data (letters, digits, '-', '_' and '.', as Secret keys are).
+    #[schemars(length(min = 1, max = 253), regex(pattern = r"^[-._a-zA-Z0-9]+$"))]
     pub key: String,
+}
+
+impl SecretKeyRef {
+    /// Why this reference cannot name a Secret, if it cannot. The schema refuses such a
+    /// reference; this check is for objects stored before it did, and for standalone mode.
+    /// herald puts the name in the path of its Secret read, so it is checked before any
+    /// request ("?watch=true" in a name once turned that read into a watch).
+    pub fn problem(&self) -> Option<String> {
+        if !is_dns_subdomain(&self.name) {
+            return Some(format!(
+                "secret name {:?} is not a valid Secret name (a DNS-1123 subdomain: at most 253 lowercase letters, digits, '-' and '.')",
+                self.name.chars().take(64).collect::<String>()
+            ));
+        }
+        let key_ok = !self.key.is_empty()
+            && self.key.len() <= 253
+            && self
+                .key
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"-._".contains(&b));
+        (!key_ok).then(|| {
+            format!(
+                "secret key {:?} of Secret {} is not a valid Secret key (letters, digits, '-', '_' and '.')",
+                self.key.chars().take(64).collect::<String>(),
+                self.name
+            )
+        })
+    }
+}
+
+/// A DNS-1123 subdomain: labels of lowercase letters, digits and '-', starting and ending
+/// with a letter or digit, joined by '.', at most 253 characters in all.
+pub fn is_dns_subdomain(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 253
+        && name.split('.').all(|label| {
+            let bytes = label.as_bytes();
+            let edge = |b: &u8| b.is_ascii_lowercase() || b.is_ascii_digit();
+            bytes.first().is_some_and(edge)
+                && bytes.last().is_some_and(edge)
+                && bytes.iter().all(|b| edge(b) || *b == b'-')
+        })
 }
 
 /// How attempts are made.
@@ -404,6 +450,16 @@ impl WebhookSubscriptionSpec {
             .iter()
             .any(|pattern| event_type_matches(pattern, event_type))
     }
+
+    /// Every Secret this spec names, current first.
+    pub fn secret_refs(&self) -> impl Iterator<Item = &SecretKeyRef> {
+        std::iter::once(&self.signing.secret_ref).chain(&self.signing.additional_secret_refs)
+    }
+
+    /// The first reference that cannot name a Secret ([`SecretKeyRef::problem`]).
+    pub fn secret_ref_problem(&self) -> Option<String> {
+        self.secret_refs().find_map(SecretKeyRef::problem)
+    }
 }
 
 /// One `eventTypes` entry against one event type: "*" matches all, "a.*" matches every type
@@ -423,6 +479,46 @@ pub fn event_type_matches(pattern: &str, event_type: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Issue 24 item 1: a name that is no Secret name never reaches a request path.
+    #[test]
+    fn secret_references_must_be_secret_names() {
+        for good in ["s", "orders-secret", "a.b-c.d9", &"a".repeat(253)] {
+            assert!(is_dns_subdomain(good), "{good:?} refused");
+        }
+        for bad in [
+            "",
+            "?watch=true&timeoutSeconds=600",
+            "../secrets",
+            "a/b",
+            "A",
+            "-a",
+            "a-",
+            "a..b",
+            ".a",
+            "a b",
+            "a%2Fb",
+            &"a".repeat(254),
+        ] {
+            assert!(!is_dns_subdomain(bad), "{bad:?} accepted");
+        }
+        let reference = |name: &str, key: &str| SecretKeyRef {
+            name: name.into(),
+            key: key.into(),
+        };
+        assert_eq!(reference("s", "signing.key_1-a").problem(), None);
+        assert!(reference("?watch=true", "k").problem().is_some());
+        assert!(reference("s", "a/b").problem().is_some());
+        let mut spec: WebhookSubscriptionSpec = serde_json::from_value(serde_json::json!({
+            "url": "https://example.com/h", "eventTypes": ["*"],
+            "signing": {"secretRef": {"name": "s", "key": "k"},
+                        "additionalSecretRefs": [{"name": "old", "key": "k"}]},
+        }))
+        .unwrap();
+        assert_eq!(spec.secret_ref_problem(), None);
+        spec.signing.additional_secret_refs[0].name = "?watch=true".into();
+        assert!(spec.secret_ref_problem().unwrap().contains("?watch=true"));
+    }
 
     #[test]
     fn globs_match_by_prefix_and_exact_names_match_exactly() {

@@ -127,6 +127,10 @@ fn openapi_bounds(spec: &WebhookSubscriptionSpec) -> Result<(), String> {
             errors.push(format!("spec.headers.{name}: must be a single line"));
         }
     }
+    errors.extend(
+        spec.secret_ref_problem()
+            .map(|why| format!("spec.signing: {why}")),
+    );
     if let Some(header) = &spec.signing.header {
         let token = header
             .bytes()
@@ -189,6 +193,9 @@ mod tests {
             serde_json::json!({"delivery": {"timeout": "10m"}}),
             serde_json::json!({"delivery": {"retry": {"initialBackoff": "2h", "maxBackoff": "1h"}}}),
             serde_json::json!({"headers": {"Webhook-Signature": "x"}}),
+            // Issue 24 item 1: a Secret name that would change the path of herald's read.
+            serde_json::json!({"signing": {"secretRef": {"name": "?watch=true&timeoutSeconds=600", "key": "k"}}}),
+            serde_json::json!({"signing": {"secretRef": {"name": "s", "key": "k"}, "additionalSecretRefs": [{"name": "a/b", "key": "k"}]}}),
             // Issue 9, defect 4: a signature header herald or HTTP framing owns.
             serde_json::json!({"signing": {"scheme": "stripe", "header": "Content-Type", "secretRef": {"name": "s", "key": "k"}}}),
             serde_json::json!({"signing": {"scheme": "stripe", "header": "content-length", "secretRef": {"name": "s", "key": "k"}}}),

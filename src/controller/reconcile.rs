@@ -155,8 +155,9 @@ async fn apply(obj: &WebhookSubscription, ctx: &Context) -> Result<Action> {
             disable_after: obj.spec.disable_after_consecutive_failures,
             problem: problem.map(Box::new),
             reenable_handled: handled.clone(),
-            secrets: std::iter::once(&obj.spec.signing.secret_ref)
-                .chain(&obj.spec.signing.additional_secret_refs)
+            secrets: obj
+                .spec
+                .secret_refs()
                 .map(|r| Box::from(r.name.as_str()))
                 .collect(),
             applied,
@@ -220,11 +221,14 @@ async fn resolve_secrets(
     namespace: &str,
     spec: &WebhookSubscriptionSpec,
 ) -> Result<std::result::Result<Vec<String>, Problem>> {
+    // Before any request: the name goes into the read's path (an object stored before the
+    // schema checked names could hold "?watch=true…" and turn the read into a watch).
+    if let Some(why) = spec.secret_ref_problem() {
+        return Ok(Err(Problem::InvalidSpec(why)));
+    }
     let api: Api<Secret> = Api::namespaced(ctx.client.clone(), namespace);
     let mut values = Vec::new();
-    for reference in
-        std::iter::once(&spec.signing.secret_ref).chain(&spec.signing.additional_secret_refs)
-    {
+    for reference in spec.secret_refs() {
         let fetch = async {
             let secret = api.get_opt(&reference.name).await?;
             Ok(secret.map(|s| Arc::new(s.data.unwrap_or_default())))
