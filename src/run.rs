@@ -400,7 +400,26 @@ fn write_ready_file(path: &std::path::Path, lines: &[String]) -> anyhow::Result<
     Ok(())
 }
 
-async fn kube_client(args: &RunArgs) -> anyhow::Result<kube::Client> {
+/// Every API request herald makes (reads, writes, reviews, Leases) fails after this without
+/// an answer, and is retried by its caller; watches are exempt (a watch is quiet for minutes
+/// by design, and kube's watcher has an idle timeout of its own).
+pub const API_REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Two clients of the same cluster: one for requests, each bounded by
+/// [`API_REQUEST_TIMEOUT`], and one for watches.
+async fn kube_clients(args: &RunArgs) -> anyhow::Result<(kube::Client, kube::Client)> {
+    let config = kube_config(args).await?;
+    let watches = kube::Client::try_from(config.clone())?;
+    let mut requests = config;
+    requests.read_timeout = Some(API_REQUEST_TIMEOUT);
+    // Counted from each request, not from when its pooled connection went idle.
+    requests.reset_reader_on_write = true;
+    requests.write_timeout = requests.write_timeout.or(Some(API_REQUEST_TIMEOUT));
+    requests.connect_timeout = requests.connect_timeout.or(Some(API_REQUEST_TIMEOUT));
+    Ok((kube::Client::try_from(requests)?, watches))
+}
+
+async fn kube_config(args: &RunArgs) -> anyhow::Result<kube::Config> {
     let config = match &args.kubeconfig {
         Some(path) => {
             let kubeconfig = kube::config::Kubeconfig::read_from(path)
@@ -411,7 +430,7 @@ async fn kube_client(args: &RunArgs) -> anyhow::Result<kube::Client> {
             "no cluster credentials: pass --kubeconfig, set KUBECONFIG, or run in a pod",
         )?,
     };
-    Ok(kube::Client::try_from(config)?)
+    Ok(config)
 }
 
 async fn run_cluster(args: RunArgs) -> anyhow::Result<()> {
@@ -430,7 +449,7 @@ async fn run_cluster(args: RunArgs) -> anyhow::Result<()> {
     }
     let _ = rustls::crypto::ring::default_provider().install_default();
     let tls = args.ingest_tls()?;
-    let client = kube_client(&args).await?;
+    let (client, watch_client) = kube_clients(&args).await?;
     let engine = args.engine().await?;
     let scope = watch::Scope(args.watch_namespaces.clone());
     let readiness = Arc::new(Readiness::default());
@@ -502,12 +521,14 @@ async fn run_cluster(args: RunArgs) -> anyhow::Result<()> {
     let (quotas_synced, quotas_rx) = tokio::sync::mpsc::unbounded_channel();
     tokio::spawn(watch::run_subscriptions(
         ctx,
+        watch_client.clone(),
         scope.clone(),
         16,
         subs_synced,
     ));
     tokio::spawn(watch::run_quotas(
         client.clone(),
+        watch_client,
         engine.clone(),
         scope,
         quotas_synced,

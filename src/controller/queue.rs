@@ -14,6 +14,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use futures::FutureExt;
+use futures::future::BoxFuture;
 use kube::api::Api;
 use tokio::sync::Notify;
 use tokio::task::JoinSet;
@@ -24,8 +25,15 @@ use crate::api::WebhookSubscription;
 /// A subscription: namespace and name.
 pub type Key = (String, String);
 
-/// How long a failed reconcile waits before the next try.
+/// How long a failed reconcile waits before its next try, doubling with each failure in a
+/// row up to [`RETRY_AFTER_MAX`].
 const RETRY_AFTER: Duration = Duration::from_secs(5);
+const RETRY_AFTER_MAX: Duration = Duration::from_secs(300);
+
+/// A reconcile still running after this is cancelled and retried: no object, however
+/// written, holds one of the few workers every tenant shares. Its API requests have their
+/// own, shorter timeout (`run::API_REQUEST_TIMEOUT`); this bounds the sum.
+pub const RECONCILE_BUDGET: Duration = Duration::from_secs(60);
 
 /// Objects kept waiting at most (a few KiB each); enough for the 16 reconciles at once to
 /// read none while the queue is short.
@@ -37,6 +45,8 @@ struct State {
     /// The waiting keys not running, in the order they came.
     order: VecDeque<Key>,
     running: HashSet<Key>,
+    /// Failures in a row per key, for the retry's backoff.
+    failures: HashMap<Key, u32>,
     /// Objects in `waiting`, and how many may be.
     held: usize,
     held_limit: usize,
@@ -61,6 +71,7 @@ impl Queue {
                 waiting: HashMap::new(),
                 order: VecDeque::new(),
                 running: HashSet::new(),
+                failures: HashMap::new(),
                 held: 0,
                 held_limit: limit,
             }),
@@ -95,6 +106,7 @@ impl Queue {
     /// The object is gone: nothing waits for it any more.
     pub fn remove(&self, key: &Key) {
         let mut state = self.lock();
+        state.failures.remove(key);
         if let Some(obj) = state.waiting.remove(key) {
             state.held -= usize::from(obj.is_some());
             state.order.retain(|k| k != key);
@@ -111,27 +123,61 @@ impl Queue {
         Some((key, obj))
     }
 
-    fn finished(&self, key: &Key) {
+    /// The reconcile of `key` ended; on failure, how long to wait before the next try.
+    fn finished(&self, key: &Key, failed: bool, backoff: Backoff) -> Option<Duration> {
         let mut state = self.lock();
         state.running.remove(key);
         if state.waiting.contains_key(key) {
             state.order.push_back(key.clone());
         }
+        if !failed {
+            state.failures.remove(key);
+            return None;
+        }
+        let failures = state.failures.entry(key.clone()).or_default();
+        *failures = failures.saturating_add(1);
+        Some(backoff.after(*failures))
     }
 
     /// Reconciles what is asked for, `concurrency` at a time, until the process ends.
     pub async fn run(self: Arc<Self>, ctx: Arc<Context>, concurrency: usize) {
+        let backoff = Backoff {
+            first: RETRY_AFTER,
+            max: RETRY_AFTER_MAX,
+        };
+        self.run_with(concurrency, RECONCILE_BUDGET, backoff, move |key, obj| {
+            let ctx = ctx.clone();
+            async move { reconcile_key(&key, obj, ctx).await }.boxed()
+        })
+        .await
+    }
+
+    /// [`Queue::run`] with the reconcile, its budget and the retry backoff given.
+    async fn run_with<F>(
+        self: Arc<Self>,
+        concurrency: usize,
+        budget: Duration,
+        backoff: Backoff,
+        reconcile: F,
+    ) where
+        F: Fn(Key, Option<Arc<WebhookSubscription>>) -> BoxFuture<'static, Result<(), String>>,
+    {
         let mut tasks = JoinSet::new();
         loop {
             while tasks.len() < concurrency.max(1) {
                 let Some((key, obj)) = self.next() else { break };
-                let ctx = ctx.clone();
+                let work = reconcile(key.clone(), obj);
                 tasks.spawn(async move {
-                    // A panic fails this reconcile, not the queue.
-                    let outcome = std::panic::AssertUnwindSafe(reconcile_key(&key, obj, ctx))
-                        .catch_unwind()
-                        .await
-                        .unwrap_or_else(|_| Err("the reconcile panicked".to_string()));
+                    // A panic fails this reconcile, not the queue; so does running too long.
+                    let work = std::panic::AssertUnwindSafe(work).catch_unwind();
+                    let outcome = match tokio::time::timeout(budget, work).await {
+                        Ok(Ok(outcome)) => outcome,
+                        Ok(Err(_)) => Err("the reconcile panicked".to_string()),
+                        Err(_) => Err(format!(
+                            "the reconcile took longer than {}s and was cancelled",
+                            budget.as_secs_f64()
+                        )),
+                    };
                     (key, outcome)
                 });
             }
@@ -139,18 +185,33 @@ impl Queue {
                 _ = self.wake.notified() => {}
                 Some(done) = tasks.join_next(), if !tasks.is_empty() => {
                     let Ok((key, outcome)) = done else { continue };
-                    self.finished(&key);
-                    if let Err(error) = outcome {
-                        tracing::warn!(namespace = %key.0, subscription = %key.1, %error, "reconcile failed; retrying in 5s");
+                    let retry = self.finished(&key, outcome.is_err(), backoff);
+                    if let (Err(error), Some(after)) = (outcome, retry) {
+                        tracing::warn!(namespace = %key.0, subscription = %key.1, %error, retry_in_seconds = after.as_secs_f64(), "reconcile failed; retrying");
                         let queue = self.clone();
                         tokio::spawn(async move {
-                            tokio::time::sleep(RETRY_AFTER).await;
+                            tokio::time::sleep(after).await;
                             queue.push(key, None);
                         });
                     }
                 }
             }
         }
+    }
+}
+
+/// The wait before a failed reconcile's next try: `first`, doubled with each failure in a
+/// row, at most `max`.
+#[derive(Clone, Copy, Debug)]
+struct Backoff {
+    first: Duration,
+    max: Duration,
+}
+
+impl Backoff {
+    fn after(self, failures: u32) -> Duration {
+        let doublings = failures.saturating_sub(1).min(16);
+        self.first.saturating_mul(1 << doublings).min(self.max)
     }
 }
 
@@ -186,6 +247,11 @@ mod tests {
     fn key(name: &str) -> Key {
         ("shop".into(), name.into())
     }
+
+    const TEST_BACKOFF: Backoff = Backoff {
+        first: Duration::from_millis(100),
+        max: Duration::from_millis(400),
+    };
 
     fn object(name: &str, generation: i64) -> Arc<WebhookSubscription> {
         Arc::new(
@@ -228,7 +294,7 @@ mod tests {
         // Not "a" again while it runs.
         assert_eq!(queue.next().unwrap().0, key("b"));
         assert!(queue.next().is_none());
-        queue.finished(&running);
+        queue.finished(&running, false, TEST_BACKOFF);
         let (again, obj) = queue.next().unwrap();
         assert_eq!((again, generation(&obj)), (key("a"), Some(2)));
     }
@@ -267,5 +333,86 @@ mod tests {
         // Taking them freed the bound.
         queue.push(key("d"), Some(object("d", 1)));
         assert_eq!(generation(&queue.next().unwrap().1), Some(1));
+    }
+
+    #[test]
+    fn retries_back_off_and_a_success_resets_them() {
+        let delays: Vec<_> = (1..=5).map(|n| TEST_BACKOFF.after(n).as_millis()).collect();
+        assert_eq!(delays, [100, 200, 400, 400, 400]);
+        assert_eq!(
+            Backoff {
+                first: RETRY_AFTER,
+                max: RETRY_AFTER_MAX
+            }
+            .after(u32::MAX),
+            RETRY_AFTER_MAX
+        );
+        let queue = Queue::default();
+        queue.push(key("a"), None);
+        let (a, _) = queue.next().unwrap();
+        assert_eq!(
+            queue.finished(&a, true, TEST_BACKOFF),
+            Some(Duration::from_millis(100))
+        );
+        queue.push(key("a"), None);
+        let (a, _) = queue.next().unwrap();
+        assert_eq!(
+            queue.finished(&a, true, TEST_BACKOFF),
+            Some(Duration::from_millis(200))
+        );
+        queue.push(key("a"), None);
+        let (a, _) = queue.next().unwrap();
+        assert_eq!(queue.finished(&a, false, TEST_BACKOFF), None);
+        assert!(queue.lock().failures.is_empty());
+    }
+
+    /// Issue 24 item 1: reconciles that never end (a request with no answer) are cancelled at
+    /// their budget and retried later, so they never hold every worker: another tenant's
+    /// object is reconciled although more objects hang than there are workers.
+    #[tokio::test]
+    async fn hanging_reconciles_never_hold_every_worker() {
+        use std::sync::atomic::{AtomicU32, Ordering};
+        let queue = Arc::new(Queue::default());
+        for i in 0..4 {
+            queue.push(("evil".into(), format!("hang-{i}")), None);
+        }
+        queue.push(("other".into(), "orders".into()), None);
+        let (done_tx, mut done_rx) = tokio::sync::mpsc::unbounded_channel();
+        let hangs = Arc::new(AtomicU32::new(0));
+        let counted = hangs.clone();
+        let runner = tokio::spawn(queue.clone().run_with(
+            2,
+            Duration::from_millis(100),
+            TEST_BACKOFF,
+            move |key: Key, _| {
+                let done = done_tx.clone();
+                let hangs = counted.clone();
+                async move {
+                    if key.0 == "evil" {
+                        hangs.fetch_add(1, Ordering::Relaxed);
+                        std::future::pending::<()>().await;
+                    }
+                    let _ = done.send(key);
+                    Ok(())
+                }
+                .boxed()
+            },
+        ));
+        let reconciled = tokio::time::timeout(Duration::from_secs(10), done_rx.recv())
+            .await
+            .expect("the other tenant's reconcile waited behind hanging ones");
+        assert_eq!(reconciled, Some(("other".into(), "orders".into())));
+        // The hanging ones were cancelled and are tried again with backoff.
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        while hangs.load(Ordering::Relaxed) <= 4 {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "no hanging reconcile was retried"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let failures = queue.lock().failures.values().copied().max();
+        assert!(failures >= Some(1), "{failures:?}");
+        runner.abort();
     }
 }

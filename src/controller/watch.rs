@@ -91,20 +91,87 @@ pub async fn purge_deleted_while_down(
             }
         }
     }
-    let mut removed = 0;
-    for record in engine.stored_subscriptions().await? {
-        if scope.covers(&record.namespace) && !present.contains(&record.uid) {
-            let purged = engine.remove(&record.namespace, &record.uid).await?;
-            tracing::info!(namespace = %record.namespace, subscription = %record.name, purged, "subscription deleted while herald was down; its pending attempts are purged");
-            removed += 1;
-        }
-    }
+    let removed = remove_vanished(client, engine, &|ns| scope.covers(ns), &present).await?;
     // Objects still held by the finalizer (the loop above purged those the store knew):
     // fenced now, the finalizer comes off when the controller reconciles them.
     for (namespace, uid) in deleting {
         engine.remove(&namespace, &uid).await?;
     }
     Ok(removed)
+}
+
+/// Purges and fences every subscription the store holds as live, within `covers`, whose uid
+/// a full list (`listed`) did not show and whose object is gone (confirmed by a GET, which
+/// the API server answers from its current state): the finalizer's cleanup never ran for
+/// it, because someone removed the finalizer or herald was not watching. The GET keeps a
+/// subscription created after the list was taken (and already stored, perhaps by another
+/// replica) from being fenced. Returns how many were removed.
+async fn remove_vanished(
+    client: &kube::Client,
+    engine: &Engine,
+    covers: &(dyn Fn(&str) -> bool + Sync),
+    listed: &HashSet<String>,
+) -> anyhow::Result<u64> {
+    let mut removed = 0;
+    for record in engine.stored_subscriptions().await? {
+        if !covers(&record.namespace) || listed.contains(&record.uid) {
+            continue;
+        }
+        let api: Api<WebhookSubscription> = Api::namespaced(client.clone(), &record.namespace);
+        let now = api.get_metadata_opt(&record.name).await?;
+        if now.as_ref().and_then(|o| o.uid()).as_deref() == Some(record.uid.as_str()) {
+            continue;
+        }
+        let purged = engine.remove(&record.namespace, &record.uid).await?;
+        tracing::info!(namespace = %record.namespace, subscription = %record.name, purged, "subscription gone without herald's cleanup (deleted while herald was not watching, or its finalizer removed); its pending attempts are purged");
+        removed += 1;
+    }
+    Ok(removed)
+}
+
+/// A Delete event: the object is gone, whether or not herald's finalizer ran (anyone who
+/// may edit it may remove the finalizer). The purge-and-fence runs again (for an object
+/// whose finalizer ran it finds nothing), retried until the store takes it.
+fn remove_deleted(ctx: &Arc<Context>, namespace: String, uid: String, name: String) {
+    let engine = ctx.engine.clone();
+    tokio::spawn(async move {
+        let mut delay = std::time::Duration::from_millis(200);
+        loop {
+            match engine.remove(&namespace, &uid).await {
+                Ok(purged) => {
+                    if purged > 0 {
+                        tracing::info!(%namespace, subscription = %name, purged, "subscription deleted without herald's cleanup (its finalizer was removed); its pending attempts are purged");
+                    }
+                    return;
+                }
+                Err(e) => {
+                    tracing::warn!(%namespace, subscription = %name, error = %e, "purging a deleted subscription failed; retrying");
+                    tokio::time::sleep(delay).await;
+                    delay = (delay * 2).min(std::time::Duration::from_secs(10));
+                }
+            }
+        }
+    });
+}
+
+/// After a watch listed again: subscriptions that vanished while it was down (no Delete
+/// event comes for them) are purged and fenced, in the background, retried until done.
+fn sweep_after_relist(ctx: &Arc<Context>, namespace: Option<String>, listed: HashSet<String>) {
+    let ctx = ctx.clone();
+    tokio::spawn(async move {
+        let covers = |ns: &str| namespace.as_deref().is_none_or(|n| n == ns);
+        let mut delay = std::time::Duration::from_millis(500);
+        loop {
+            match remove_vanished(&ctx.client, &ctx.engine, &covers, &listed).await {
+                Ok(_) => return,
+                Err(e) => {
+                    tracing::warn!(error = %format!("{e:#}"), "checking for subscriptions deleted while the watch was down failed; retrying");
+                    tokio::time::sleep(delay).await;
+                    delay = (delay * 2).min(std::time::Duration::from_secs(30));
+                }
+            }
+        }
+    });
 }
 
 /// Waits until every subscription of the first full list (`left`, their uids) has been
@@ -137,6 +204,7 @@ fn key_of<K: Resource>(obj: &K) -> Option<Key> {
 /// watch, when every subscription of its first full list has been reconciled once.
 pub async fn run_subscriptions(
     ctx: Arc<Context>,
+    watches: kube::Client,
     scope: Scope,
     concurrency: u16,
     synced: tokio::sync::mpsc::UnboundedSender<()>,
@@ -144,15 +212,26 @@ pub async fn run_subscriptions(
     let sweeper = ctx.clone();
     tokio::spawn(async move { sweeper.secrets.keep_swept().await });
     let queue = Arc::new(Queue::default());
-    let secret_apis = scope.apis::<PartialObjectMeta<Secret>>(&ctx.client);
+    let secret_apis = scope.apis::<PartialObjectMeta<Secret>>(&watches);
     let (secrets_listed, mut lists) = tokio::sync::watch::channel(0usize);
-    let watches = secret_apis.len();
+    let secret_watches = secret_apis.len();
     let mut loops: Vec<futures::future::BoxFuture<'static, ()>> = Vec::new();
     for api in secret_apis {
         loops.push(watch_secrets(api, ctx.clone(), queue.clone(), secrets_listed.clone()).boxed());
     }
-    for api in scope.apis::<WebhookSubscription>(&ctx.client) {
-        loops.push(watch_subscriptions(api, ctx.clone(), queue.clone(), synced.clone()).boxed());
+    let namespaces: Vec<Option<String>> = if scope.0.is_empty() {
+        vec![None]
+    } else {
+        scope.0.iter().cloned().map(Some).collect()
+    };
+    for (api, namespace) in scope
+        .apis::<WebhookSubscription>(&watches)
+        .into_iter()
+        .zip(namespaces)
+    {
+        loops.push(
+            watch_subscriptions(api, namespace, ctx.clone(), queue.clone(), synced.clone()).boxed(),
+        );
     }
     // Reconciles start once every Secret watch has its first list: a Secret that changes
     // after a reconcile read it then always arrives as a watch event.
@@ -160,7 +239,7 @@ pub async fn run_subscriptions(
     loops.push(
         async move {
             let wait = std::time::Duration::from_secs(30);
-            let first = tokio::time::timeout(wait, lists.wait_for(|n| *n >= watches))
+            let first = tokio::time::timeout(wait, lists.wait_for(|n| *n >= secret_watches))
                 .await
                 .map(|listed| listed.is_ok());
             let listed = match first {
@@ -169,7 +248,7 @@ pub async fn run_subscriptions(
                     tracing::warn!(
                         "no subscription is reconciled until every Secret watch has its first list, and after 30s one has not (may herald list and watch Secrets?)"
                     );
-                    lists.wait_for(|n| *n >= watches).await.is_ok()
+                    lists.wait_for(|n| *n >= secret_watches).await.is_ok()
                 }
             };
             if listed {
@@ -185,6 +264,7 @@ pub async fn run_subscriptions(
 /// and one that changed what a reconcile reads is queued with the object it carries.
 async fn watch_subscriptions(
     api: Api<WebhookSubscription>,
+    namespace: Option<String>,
     ctx: Arc<Context>,
     queue: Arc<Queue>,
     synced: tokio::sync::mpsc::UnboundedSender<()>,
@@ -192,6 +272,8 @@ async fn watch_subscriptions(
     // The uids of the first full list, until it is done.
     let mut first_list: Option<Vec<String>> = None;
     let mut listed = false;
+    // Every uid of the list in progress (each relist), to find what vanished meanwhile.
+    let mut listing: Option<HashSet<String>> = None;
     let mut events = watcher(api, watcher::Config::default())
         .default_backoff()
         .boxed();
@@ -201,9 +283,13 @@ async fn watch_subscriptions(
                 if !listed {
                     first_list = Some(Vec::new());
                 }
+                listing = Some(HashSet::new());
             }
             Ok(watcher::Event::InitApply(mut obj) | watcher::Event::Apply(mut obj)) => {
                 let Some(key) = key_of(&obj) else { continue };
+                if let (Some(seen), Some(uid)) = (listing.as_mut(), obj.uid()) {
+                    seen.insert(uid);
+                }
                 if let (Some(list), Some(uid)) = (first_list.as_mut(), obj.uid())
                     && obj.meta().deletion_timestamp.is_none()
                 {
@@ -221,14 +307,18 @@ async fn watch_subscriptions(
                 }
             }
             Ok(watcher::Event::Delete(obj)) => {
-                if let Some(uid) = obj.uid() {
-                    ctx.status.forget(&uid);
-                }
                 if let Some(key) = key_of(&obj) {
                     queue.remove(&key);
+                    if let Some(uid) = obj.uid() {
+                        ctx.status.forget(&uid);
+                        remove_deleted(&ctx, key.0, uid, key.1);
+                    }
                 }
             }
             Ok(watcher::Event::InitDone) => {
+                if let Some(seen) = listing.take() {
+                    sweep_after_relist(&ctx, namespace.clone(), seen);
+                }
                 if let Some(uids) = first_list.take() {
                     listed = true;
                     let (ctx, synced) = (ctx.clone(), synced.clone());
@@ -295,12 +385,13 @@ async fn watch_secrets(
 /// ones are marked superseded; removing the last one restores the default.
 pub async fn run_quotas(
     client: kube::Client,
+    watches: kube::Client,
     engine: Arc<Engine>,
     scope: Scope,
     synced: tokio::sync::mpsc::UnboundedSender<()>,
 ) {
     let mut loops = Vec::new();
-    for api in scope.apis::<WebhookQuota>(&client) {
+    for api in scope.apis::<WebhookQuota>(&watches) {
         let (reader, writer) = reflector::store();
         let client = client.clone();
         let engine = engine.clone();
