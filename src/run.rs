@@ -568,11 +568,20 @@ async fn run_cluster(args: RunArgs) -> anyhow::Result<()> {
         max_body: args.max_body_bytes,
     });
     let limits = ingest::listener::Limits::from_env(args.max_in_flight)?;
-    ingest::listener::serve(listener, app, limits, tls, terminated()).await?;
+    // A graceful stop: take no more shards (those held stay renewed), drain, and only then
+    // release the shards. Released first, another replica would take them, make the
+    // attempts still on the wire due again, and send them a second time.
+    let signalled = async {
+        terminated().await;
+        if let Some(leases) = &leases {
+            leases.stop_taking();
+        }
+    };
+    ingest::listener::serve(listener, app, limits, tls, signalled).await?;
+    stop(&engine, args.shutdown_timeout_seconds).await;
     if let Some(leases) = &leases {
         leases.release_all().await;
     }
-    stop(&engine, args.shutdown_timeout_seconds).await;
     Ok(())
 }
 

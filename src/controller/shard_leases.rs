@@ -16,10 +16,16 @@
 //!   enough to pass that deadline still renews the shard if its Lease is this replica's at
 //!   the same epoch, and wakes the shard's lanes (those that tried meanwhile rested).
 //! - Above its share (a replica joined), a replica stops starting attempts for its extra
-//!   shards first and then releases their Leases; on a graceful stop it releases all.
+//!   shards first and then releases their Leases.
+//! - A graceful stop first stops taking shards ([`ShardLeases::stop_taking`]: rounds go on
+//!   renewing the membership and the held shards, and neither take nor rebalance), then the
+//!   engine drains, and only then are all Leases released ([`ShardLeases::release_all`]).
+//!   Released before the drain, another replica would take the shards, make the attempts
+//!   still on the wire due again and send them a second time.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
@@ -32,6 +38,11 @@ use crate::delivery::shards::Ownership;
 
 /// Label on every Lease herald manages here: `member` or `shard`.
 const ROLE_LABEL: &str = "herald.dev/lease";
+
+/// How long the releases at the end of a graceful stop may take in all (the chart's
+/// terminationGracePeriodSeconds leaves room for it after the drain); what is not released
+/// by then expires instead.
+pub const RELEASE_TIMEOUT: Duration = Duration::from_secs(5);
 
 #[derive(Clone, Debug)]
 pub struct LeaseConfig {
@@ -104,6 +115,8 @@ pub struct ShardLeases {
     config: LeaseConfig,
     ownership: Arc<Ownership>,
     engine: Arc<Engine>,
+    /// Set by [`ShardLeases::stop_taking`].
+    stopping: AtomicBool,
 }
 
 impl ShardLeases {
@@ -118,7 +131,19 @@ impl ShardLeases {
             config,
             ownership,
             engine,
+            stopping: AtomicBool::new(false),
         }
+    }
+
+    /// The first step of a graceful stop: from now on rounds renew the membership and the
+    /// held shards (so nobody takes them while their attempts drain) but take no shard and
+    /// release none for rebalancing; [`ShardLeases::release_all`] ends the hold.
+    pub fn stop_taking(&self) {
+        self.stopping.store(true, Ordering::Release);
+    }
+
+    fn stopping(&self) -> bool {
+        self.stopping.load(Ordering::Acquire)
     }
 
     fn lease_duration_seconds(&self) -> i32 {
@@ -264,6 +289,11 @@ impl ShardLeases {
             }
         }
 
+        // Stopping: keep what is held until the drain has ended, take nothing.
+        if self.stopping() {
+            return Ok(());
+        }
+
         // Above the share: stop starting attempts first, then release.
         while held.len() > share {
             let Some(shard) = held.pop() else { break };
@@ -405,40 +435,55 @@ impl ShardLeases {
         Ok(())
     }
 
-    /// On a graceful stop: stop starting attempts, then release every held shard and the
-    /// membership, so that the others take over at once rather than after the Lease expires.
+    /// The end of a graceful stop, after the drain: stops starting attempts, then releases
+    /// every held shard and the membership, so that the others take over at once rather than
+    /// after the Leases expire. The releases go out together and take at most
+    /// [`RELEASE_TIMEOUT`] in all.
     pub async fn release_all(&self) {
+        self.stop_taking();
         let held = self.ownership.granted();
         for (shard, _) in &held {
             self.ownership.revoke(*shard);
         }
-        for (shard, _) in held {
+        let releases = held.into_iter().map(|(shard, _)| async move {
             let name = shard_lease_name(shard);
             let Ok(Some(mut lease)) = self.api.get_opt(&name).await else {
-                continue;
+                return;
             };
             if holder(&lease) != self.config.identity {
-                continue;
+                return;
             }
             if let Some(spec) = lease.spec.as_mut() {
                 spec.holder_identity = None;
                 spec.renew_time = None;
             }
-            if let Err(e) = self
+            match self
                 .api
                 .replace(&name, &PostParams::default(), &lease)
                 .await
             {
-                tracing::warn!(shard, error = %e, "shard lease: release failed; it expires instead");
+                Ok(_) => tracing::info!(shard, "shard lease: released"),
+                Err(e) => {
+                    tracing::warn!(shard, error = %e, "shard lease: release failed; it expires instead")
+                }
             }
+        });
+        let member = async {
+            let _ = self
+                .api
+                .delete(
+                    &member_lease_name(&self.config.identity),
+                    &Default::default(),
+                )
+                .await;
+        };
+        let all = futures::future::join(futures::future::join_all(releases), member);
+        if tokio::time::timeout(RELEASE_TIMEOUT, all).await.is_err() {
+            tracing::warn!(
+                timeout_seconds = RELEASE_TIMEOUT.as_secs(),
+                "shard leases: not all released in time; the rest expire instead"
+            );
         }
-        let _ = self
-            .api
-            .delete(
-                &member_lease_name(&self.config.identity),
-                &Default::default(),
-            )
-            .await;
     }
 }
 

@@ -1177,7 +1177,7 @@ impl Engine {
         let completion = loop {
             match self
                 .store
-                .complete(claimed.delivery_id, record.clone(), next)
+                .complete(claimed.claim_ref(), record.clone(), next)
                 .instrument(span.clone())
                 .await
             {
@@ -1207,7 +1207,11 @@ impl Engine {
                 Next::Retry { due_ms } => inner.add_timer(uid, due_ms),
                 Next::Delivered | Next::DeadLetter => inner.pending_sub(&config.namespace, 1),
             },
-            Ok(_) => {}
+            Ok(_) => span.in_scope(|| {
+                tracing::info!(
+                    "the attempt's outcome was not applied: its delivery was removed, or claimed again meanwhile (a shard take-over); it is kept in the history"
+                )
+            }),
             Err(e) => {
                 tracing::error!(error = %e, "recording an attempt failed while stopping; it is made again after the next start");
             }
@@ -1402,7 +1406,12 @@ mod tests {
         async fn take_shard(&self, s: u32, h: &str, e: i64, now: i64) -> store::Result<bool> {
             self.inner.take_shard(s, h, e, now).await
         }
-        async fn complete(&self, id: i64, a: AttemptRecord, n: Next) -> store::Result<Completion> {
+        async fn complete(
+            &self,
+            c: ClaimRef,
+            a: AttemptRecord,
+            n: Next,
+        ) -> store::Result<Completion> {
             if self
                 .failures
                 .fetch_update(Ordering::AcqRel, Ordering::Acquire, |f| f.checked_sub(1))
@@ -1410,7 +1419,7 @@ mod tests {
             {
                 return Err(store::Error::Unavailable("database or disk is full".into()));
             }
-            self.inner.complete(id, a, n).await
+            self.inner.complete(c, a, n).await
         }
         async fn recover_in_flight(&self, now: i64) -> store::Result<u64> {
             self.inner.recover_in_flight(now).await

@@ -505,7 +505,7 @@ mod tests {
         }
         async fn complete(
             &self,
-            _: i64,
+            _: crate::store::ClaimRef,
             _: AttemptRecord,
             _: Next,
         ) -> crate::store::Result<Completion> {

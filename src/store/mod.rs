@@ -28,6 +28,14 @@ use serde::Serialize;
 /// Responses longer than this are cut in the attempt history.
 pub const EXCERPT_BYTES: usize = 512;
 
+/// How the history marks an attempt whose claim was no longer current when it ended.
+pub const SUPERSEDED: &str = "superseded: the delivery was claimed again while this attempt was on the wire, so its outcome was not applied; ";
+
+/// The history message of an attempt whose claim was stale.
+pub(crate) fn superseded_message(message: &str) -> String {
+    excerpt(format!("{SUPERSEDED}{message}").as_bytes())
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     #[error("the store is unavailable: {0}")]
@@ -110,6 +118,31 @@ pub struct Claimed {
     pub attempt: u32,
     /// Start of the retry window (publish time, or replay time).
     pub window_start_ms: i64,
+    /// The shard epoch the claim was fenced by (None: an unfenced claim).
+    pub fence: Option<ShardFence>,
+}
+
+impl Claimed {
+    /// What the attempt's completion carries to prove its claim is still current.
+    pub fn claim_ref(&self) -> ClaimRef {
+        ClaimRef {
+            delivery_id: self.delivery_id,
+            attempt: self.attempt,
+            fence: self.fence,
+        }
+    }
+}
+
+/// The claim an attempt ran under. [`Store::complete`] moves the delivery on only while it
+/// is still in flight under this claim: same attempt number and, for a fenced claim, the
+/// shard still at that epoch. A take-over (which makes the delivery due again) or a later
+/// claim by another replica makes it stale.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ClaimRef {
+    pub delivery_id: i64,
+    /// The claim's attempt number ([`Claimed::attempt`]).
+    pub attempt: u32,
+    pub fence: Option<ShardFence>,
 }
 
 #[derive(Clone, Debug)]
@@ -164,7 +197,9 @@ pub struct ShardTaking {
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Completion {
-    /// False when the delivery was purged while the attempt was on the wire.
+    /// Whether the attempt moved its delivery on. False when the delivery was purged while
+    /// the attempt was on the wire, or when its claim was no longer current (a take-over, a
+    /// later claim): then the attempt is kept in the history only.
     pub recorded: bool,
     /// This completion disabled the subscription.
     pub disabled_now: bool,
@@ -300,7 +335,7 @@ pub trait Store: Send + Sync + 'static {
     /// Records that `holder` took `shard` at lease `epoch`, if that epoch is newer than the
     /// one recorded: from then on only claims with this epoch succeed, and the shard's
     /// attempts that were in flight under an older epoch are due again (their replica may be
-    /// gone; if it was only paused, whichever completion comes first finishes the delivery).
+    /// gone; if it was only paused, its late completions are stale and only kept as history).
     /// Every taking is kept in the shard history. Returns whether it was recorded.
     async fn take_shard(&self, shard: u32, holder: &str, epoch: i64, now_ms: i64) -> Result<bool> {
         let _ = (shard, holder, epoch, now_ms);
@@ -319,10 +354,13 @@ pub trait Store: Send + Sync + 'static {
         Err(Error::Backend("this store does not fence by shard".into()))
     }
 
-    /// Records an attempt and moves its delivery on; a delivery purged meanwhile stays gone.
+    /// Records an attempt and moves its delivery on, only while the delivery is in flight
+    /// under `claim` (see [`ClaimRef`]). A stale claim's attempt is kept in the history (its
+    /// message says it was superseded) and changes neither the delivery nor the counters; a
+    /// delivery purged meanwhile stays gone.
     async fn complete(
         &self,
-        delivery_id: i64,
+        claim: ClaimRef,
         attempt: AttemptRecord,
         next: Next,
     ) -> Result<Completion>;

@@ -663,7 +663,7 @@ impl Store for PostgresStore {
 
     async fn complete(
         &self,
-        delivery_id: i64,
+        claim: ClaimRef,
         attempt: AttemptRecord,
         next: Next,
     ) -> Result<Completion> {
@@ -675,22 +675,36 @@ impl Store for PostgresStore {
         let finished = (state != DeliveryState::Pending).then_some(attempt.at_ms);
         let ok = next == Next::Delivered;
         let dead = next == Next::DeadLetter;
+        let stale_message = superseded_message(&attempt.message);
         within(OP_TIMEOUT, async {
-            // The subscription row first (`sub`), then the delivery, in the order a removal
-            // takes them. A delivery purged meanwhile is not in flight any more: `moved` is
-            // empty and nothing is recorded.
+            // The subscription row first (`sub`), then, for a fenced claim, the shard's
+            // owner row while it is at the claim's epoch (`owner`, FOR SHARE: a take-over in
+            // progress makes this wait, then see the new epoch), then the delivery, in the
+            // order claims, removals and take-overs take them. The delivery moves on only
+            // while it is in flight under this claim (same attempt number): a delivery
+            // purged meanwhile is gone, and a stale claim's attempt (a take-over made it due
+            // again, or another replica claimed it since) is logged as history only.
             let row = query(
                 "WITH sub AS MATERIALIZED (
                      SELECT uid FROM subscriptions
                      WHERE uid = (SELECT sub_uid FROM deliveries WHERE id = $1)
                      FOR NO KEY UPDATE
+                 ), owner AS MATERIALIZED (
+                     SELECT shard FROM shard_owners
+                     WHERE $13::integer IS NOT NULL AND shard = $13 AND epoch = $14
+                       AND EXISTS (SELECT 1 FROM sub)
+                     FOR SHARE
                  ), moved AS (
                      UPDATE deliveries SET state = $2, due_ms = $3, finished_ms = $4
-                     WHERE id = $1 AND state = 1 AND sub_uid = (SELECT uid FROM sub)
+                     WHERE id = $1 AND state = 1 AND attempts = $12
+                       AND sub_uid = (SELECT uid FROM sub)
+                       AND ($13::integer IS NULL OR EXISTS (SELECT 1 FROM owner))
                      RETURNING id, sub_uid
                  ), logged AS (
                      INSERT INTO attempt_log (delivery, at_ms, outcome, status_code, latency_ms, message)
-                     SELECT id, $5, $6, $7, $8, $9 FROM moved
+                     SELECT d.id, $5, $6, $7, $8,
+                            CASE WHEN EXISTS (SELECT 1 FROM moved) THEN $9 ELSE $15 END
+                     FROM deliveries d WHERE d.id = $1 AND d.sub_uid = (SELECT uid FROM sub)
                  ), counted AS (
                      UPDATE subscriptions s SET
                          consecutive_failures = CASE WHEN $10 THEN 0 ELSE s.consecutive_failures + 1 END,
@@ -709,7 +723,7 @@ impl Store for PostgresStore {
                         coalesce((SELECT consecutive_failures FROM counted), 0),
                         coalesce((SELECT disabled_now FROM counted), false)",
             )
-            .bind(delivery_id)
+            .bind(claim.delivery_id)
             .bind(state.code() as i16)
             .bind(due_ms)
             .bind(finished)
@@ -720,6 +734,10 @@ impl Store for PostgresStore {
             .bind(&attempt.message)
             .bind(ok)
             .bind(dead)
+            .bind(claim.attempt.min(i32::MAX as u32) as i32)
+            .bind(claim.fence.map(|f| shard_number(f.shard)))
+            .bind(claim.fence.map(|f| f.epoch))
+            .bind(&stale_message)
             .fetch_one(&self.relaxed)
             .await?;
             Ok(Completion {
@@ -962,6 +980,7 @@ impl PostgresStore {
                     body: r.try_get(3)?,
                     attempt: r.try_get::<i32, _>(4)?.max(0) as u32,
                     window_start_ms: r.try_get(5)?,
+                    fence,
                 }));
             }
             let next_due_ms: Option<Option<i64>> = query_scalar(
@@ -1242,7 +1261,7 @@ mod tests {
                         if n % 2 == 0 {
                             if let Claim::Claimed(c) = store.claim_next(&uid, 1_000).await.unwrap()
                             {
-                                claimed.push(c.delivery_id);
+                                claimed.push(c.claim_ref());
                             }
                         } else {
                             i += 1;
@@ -1272,9 +1291,9 @@ mod tests {
             for worker in workers {
                 claimed.extend(worker.await.unwrap());
             }
-            for id in claimed {
+            for claim in claimed {
                 let done = store
-                    .complete(id, attempt(), Next::Retry { due_ms: 0 })
+                    .complete(claim, attempt(), Next::Retry { due_ms: 0 })
                     .await
                     .unwrap();
                 assert!(!done.recorded, "{uid}: a purged attempt scheduled a retry");

@@ -559,7 +559,7 @@ impl Store for SqliteStore {
 
     async fn complete(
         &self,
-        delivery_id: i64,
+        claim: ClaimRef,
         attempt: AttemptRecord,
         next: Next,
     ) -> Result<Completion> {
@@ -570,28 +570,42 @@ impl Store for SqliteStore {
                 Next::DeadLetter => (DeliveryState::Dead, attempt.at_ms),
             };
             let finished = (state != DeliveryState::Pending).then_some(attempt.at_ms);
+            let (shard, epoch) = claim.fence.map_or((None, None), |f| (Some(f.shard), Some(f.epoch)));
+            // Only while the delivery is in flight under this claim (its attempt number and,
+            // when fenced, the shard still at the claim's epoch).
             let sub_uid: Option<String> = conn
                 .prepare_cached(
                     "UPDATE deliveries SET state = ?2, due_ms = ?3, finished_ms = ?4
-                     WHERE id = ?1 AND state = 1 RETURNING sub_uid",
+                     WHERE id = ?1 AND state = 1 AND attempts = ?5
+                       AND (?6 IS NULL OR EXISTS (SELECT 1 FROM shard_owners
+                                                  WHERE shard = ?6 AND epoch = ?7))
+                     RETURNING sub_uid",
                 )?
-                .query_row(params![delivery_id, state.code(), due_ms, finished], |r| r.get(0))
+                .query_row(
+                    params![claim.delivery_id, state.code(), due_ms, finished, claim.attempt, shard, epoch],
+                    |r| r.get(0),
+                )
                 .optional()?;
+            let log = |message: &str| {
+                conn.prepare_cached(
+                    "INSERT INTO attempt_log (delivery, at_ms, outcome, status_code, latency_ms, message)
+                     SELECT id, ?2, ?3, ?4, ?5, ?6 FROM deliveries WHERE id = ?1",
+                )?
+                .execute(params![
+                    claim.delivery_id,
+                    attempt.at_ms,
+                    attempt.outcome,
+                    attempt.status_code,
+                    attempt.latency_ms as i64,
+                    message
+                ])
+            };
             let Some(sub_uid) = sub_uid else {
+                // Stale (a take-over, a later claim): history only. Purged: nothing.
+                log(&superseded_message(&attempt.message))?;
                 return Ok(Completion::default());
             };
-            conn.prepare_cached(
-                "INSERT INTO attempt_log (delivery, at_ms, outcome, status_code, latency_ms, message)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
-            )?
-            .execute(params![
-                delivery_id,
-                attempt.at_ms,
-                attempt.outcome,
-                attempt.status_code,
-                attempt.latency_ms as i64,
-                attempt.message
-            ])?;
+            log(&attempt.message)?;
             let ok = next == Next::Delivered;
             let dead = next == Next::DeadLetter;
             let (failures, disabled_now): (u32, bool) = conn
@@ -889,6 +903,7 @@ fn claim(
                 body: r.get(2)?,
                 attempt,
                 window_start_ms,
+                fence,
             }))
         })
 }
@@ -981,7 +996,7 @@ mod tests {
                 message: String::new(),
             };
             store
-                .complete(c.delivery_id, attempt, Next::Delivered)
+                .complete(c.claim_ref(), attempt, Next::Delivered)
                 .await
                 .unwrap();
         }

@@ -62,6 +62,7 @@ pub async fn run(store: &dyn Store) {
     prune_keeps_what_is_unfinished(store).await;
     shard_epochs_fence_claims(store).await;
     claims_made_with_a_publish(store).await;
+    stale_claims_complete_nothing(store).await;
 }
 
 async fn publish_is_atomic_idempotent_and_fenced(store: &dyn Store) {
@@ -137,7 +138,7 @@ async fn claims_follow_publish_order_and_due_time(store: &dyn Store) {
     // A retry goes back to pending with a due time and does not block later events.
     store
         .complete(
-            a.delivery_id,
+            a.claim_ref(),
             attempt(5001, "Transient", Some(500)),
             Next::Retry { due_ms: 9000 },
         )
@@ -174,7 +175,7 @@ async fn removal_purges_and_fences_forever(store: &dyn Store) {
     // The attempt that was on the wire may finish, but cannot schedule a retry.
     let done = store
         .complete(
-            on_the_wire.delivery_id,
+            on_the_wire.claim_ref(),
             attempt(300, "Transient", Some(500)),
             Next::Retry { due_ms: 400 },
         )
@@ -229,7 +230,7 @@ async fn completion_counts_and_auto_disables(store: &dyn Store) {
     let first = claim(store, "d1", 100).await;
     let done = store
         .complete(
-            first.delivery_id,
+            first.claim_ref(),
             attempt(101, "Accepted", Some(204)),
             Next::Delivered,
         )
@@ -249,7 +250,7 @@ async fn completion_counts_and_auto_disables(store: &dyn Store) {
         let c = claim(store, "d1", 200).await;
         let done = store
             .complete(
-                c.delivery_id,
+                c.claim_ref(),
                 attempt(201, "Terminal", Some(404)),
                 Next::DeadLetter,
             )
@@ -295,7 +296,7 @@ async fn dead_letters_list_and_replay(store: &dyn Store) {
         let c = claim(store, "x1", 100).await;
         store
             .complete(
-                c.delivery_id,
+                c.claim_ref(),
                 attempt(110, "Terminal", Some(410)),
                 Next::DeadLetter,
             )
@@ -452,7 +453,7 @@ async fn prune_keeps_what_is_unfinished(store: &dyn Store) {
         let c = claim(store, uid, published).await;
         assert_eq!(c.event_id, id);
         store
-            .complete(c.delivery_id, attempt(finished, outcome, Some(500)), next)
+            .complete(c.claim_ref(), attempt(finished, outcome, Some(500)), next)
             .await
             .unwrap();
     }
@@ -628,26 +629,26 @@ async fn shard_epochs_fence_claims(store: &dyn Store) {
         "the in-flight attempt was not recovered"
     );
     assert_eq!(again.attempt, 2);
-    // A late completion from the old holder (paused, not dead) is recorded: its attempt did
-    // go out. The new holder's completion then finds the delivery finished.
+    // A late completion from the old holder (paused, not dead) is stale: the new holder's
+    // claim stands, and the new holder's completion finishes the delivery.
     let late = store
         .complete(
-            first.delivery_id,
+            first.claim_ref(),
             attempt(310, "Accepted", Some(200)),
             Next::Delivered,
         )
         .await
         .unwrap();
-    assert!(late.recorded);
+    assert!(!late.recorded, "a stale claim's completion was applied");
     let after = store
         .complete(
-            again.delivery_id,
+            again.claim_ref(),
             attempt(320, "Accepted", Some(200)),
             Next::Delivered,
         )
         .await
         .unwrap();
-    assert!(!after.recorded, "one delivery finished twice");
+    assert!(after.recorded, "the current claim's completion was dropped");
     let Claim::Claimed(unsent) = store.claim_fenced("s2", 300, at(4, 1)).await.unwrap() else {
         panic!("shard 4's holder could not claim");
     };
@@ -696,7 +697,7 @@ async fn shard_epochs_fence_claims(store: &dyn Store) {
     assert!(
         store
             .complete(
-                taken.delivery_id,
+                taken.claim_ref(),
                 attempt(410, "Accepted", Some(200)),
                 Next::Delivered
             )
@@ -772,4 +773,194 @@ pub async fn claims_made_with_a_publish(store: &dyn Store) -> usize {
     assert!(again.duplicate, "{again:?}");
     assert!(none.is_empty(), "a repeated id claimed {none:?}");
     claimed.len()
+}
+
+/// Issue 24, item 3: a completion carries its claim, and the store applies it only while the
+/// delivery is still in flight under that claim. A take-over made the old holder's attempt
+/// due again and the new holder claimed it: the old holder's late answer (here a terminal
+/// 400) changes neither the delivery nor the counters, and is kept in the history as
+/// superseded; the new holder's answer then moves the delivery on. The same without shards
+/// (a restart's recovery, then a new claim), and after a replay has reset the attempt count
+/// (only the shard epoch tells the old claim from the new one there).
+async fn stale_claims_complete_nothing(store: &dyn Store) {
+    let at = |epoch| ShardFence { shard: 9, epoch };
+    store
+        .upsert_subscription(SubscriptionRecord {
+            shard: 9,
+            ..sub("stale1")
+        })
+        .await
+        .unwrap();
+    store.upsert_subscription(sub("stale2")).await.unwrap();
+    store
+        .publish(
+            event("evt-stale", 100),
+            vec!["stale1".into(), "stale2".into()],
+        )
+        .await
+        .unwrap();
+    assert!(store.take_shard(9, "replica-a", 1, 100).await.unwrap());
+    let Claim::Claimed(old) = store.claim_fenced("stale1", 200, at(1)).await.unwrap() else {
+        panic!("replica-a could not claim");
+    };
+    assert_eq!(old.fence, Some(at(1)), "the claim does not carry its fence");
+    assert!(store.take_shard(9, "replica-b", 2, 300).await.unwrap());
+    // Due again, not yet claimed: the old answer does not finish it either.
+    let early = store
+        .complete(
+            old.claim_ref(),
+            attempt(310, "Terminal", Some(400)),
+            Next::DeadLetter,
+        )
+        .await
+        .unwrap();
+    assert!(
+        !early.recorded,
+        "a completion after the take-over was applied"
+    );
+    let Claim::Claimed(new) = store.claim_fenced("stale1", 400, at(2)).await.unwrap() else {
+        panic!("replica-b could not claim after the take-over");
+    };
+    assert_eq!((new.delivery_id, new.attempt), (old.delivery_id, 2));
+    let before = store.subscription_state("stale1").await.unwrap().unwrap();
+    let late = store
+        .complete(
+            old.claim_ref(),
+            attempt(450, "Terminal", Some(400)),
+            Next::DeadLetter,
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        late,
+        Completion::default(),
+        "a stale claim's completion was applied"
+    );
+    let state = store.subscription_state("stale1").await.unwrap().unwrap();
+    assert_eq!(state, before, "a stale completion changed the counters");
+    let listed = store
+        .list_deliveries("stale1", StateFilter::All, 10)
+        .await
+        .unwrap();
+    assert_eq!(
+        (listed[0].state, listed[0].attempts),
+        (DeliveryState::InFlight, 2),
+        "a stale completion moved the delivery"
+    );
+    let history = store.attempts("stale1", "evt-stale").await.unwrap();
+    assert_eq!(
+        history.len(),
+        2,
+        "the stale attempts are not in the history: {history:?}"
+    );
+    assert!(
+        history
+            .iter()
+            .all(|a| a.message.starts_with(SUPERSEDED) && a.status_code == Some(400))
+    );
+
+    let current = store
+        .complete(
+            new.claim_ref(),
+            attempt(500, "Accepted", Some(204)),
+            Next::Delivered,
+        )
+        .await
+        .unwrap();
+    assert!(
+        current.recorded,
+        "the current claim's completion was dropped"
+    );
+    let state = store.subscription_state("stale1").await.unwrap().unwrap();
+    assert_eq!(
+        (
+            state.delivered,
+            state.failed,
+            state.dead_lettered,
+            state.pending
+        ),
+        (1, 0, 0, 0)
+    );
+    let history = store.attempts("stale1", "evt-stale").await.unwrap();
+    assert_eq!(history.len(), 3);
+    assert_eq!(
+        (history[2].status_code, history[2].message.as_str()),
+        (Some(204), "m")
+    );
+
+    // Without shards: the attempt number alone tells a restart's re-claim from the old one.
+    let first = claim(store, "stale2", 200).await;
+    assert_eq!(first.fence, None);
+    store.recover_in_flight(300).await.unwrap();
+    let second = claim(store, "stale2", 300).await;
+    assert_eq!(second.attempt, 2);
+    let stale = store
+        .complete(
+            first.claim_ref(),
+            attempt(310, "Accepted", Some(200)),
+            Next::Delivered,
+        )
+        .await
+        .unwrap();
+    assert!(
+        !stale.recorded,
+        "an unfenced stale claim's completion was applied"
+    );
+    assert!(
+        store
+            .complete(
+                second.claim_ref(),
+                attempt(320, "Terminal", Some(400)),
+                Next::DeadLetter
+            )
+            .await
+            .unwrap()
+            .recorded
+    );
+    let state = store.subscription_state("stale2").await.unwrap().unwrap();
+    assert_eq!(
+        (state.delivered, state.dead_lettered, state.dead),
+        (0, 1, 1)
+    );
+
+    // A replay resets the attempt count: a claim under an old epoch with the same number
+    // must still be stale.
+    assert_eq!(store.replay("stale2", None, 400).await.unwrap(), 1);
+    store
+        .upsert_subscription(SubscriptionRecord {
+            shard: 9,
+            ..sub("stale2")
+        })
+        .await
+        .unwrap();
+    let Claim::Claimed(replayed) = store.claim_fenced("stale2", 400, at(2)).await.unwrap() else {
+        panic!("the replayed delivery could not be claimed");
+    };
+    assert_eq!(replayed.attempt, 1);
+    let aba = ClaimRef {
+        fence: Some(at(1)),
+        ..replayed.claim_ref()
+    };
+    assert!(
+        !store
+            .complete(aba, attempt(410, "Accepted", Some(200)), Next::Delivered)
+            .await
+            .unwrap()
+            .recorded,
+        "a claim under an old epoch with the same attempt number was applied"
+    );
+    assert!(
+        store
+            .complete(
+                replayed.claim_ref(),
+                attempt(420, "Accepted", Some(200)),
+                Next::Delivered
+            )
+            .await
+            .unwrap()
+            .recorded
+    );
+    for uid in ["stale1", "stale2"] {
+        store.remove_subscription(uid).await.unwrap();
+    }
 }

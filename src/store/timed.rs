@@ -80,11 +80,11 @@ impl<S: Store> Store for Timed<S> {
     }
     async fn complete(
         &self,
-        delivery_id: i64,
+        claim: ClaimRef,
         attempt: AttemptRecord,
         next: Next,
     ) -> Result<Completion> {
-        timed("complete", self.0.complete(delivery_id, attempt, next)).await
+        timed("complete", self.0.complete(claim, attempt, next)).await
     }
     async fn recover_in_flight(&self, now_ms: i64) -> Result<u64> {
         timed("recover_in_flight", self.0.recover_in_flight(now_ms)).await

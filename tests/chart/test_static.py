@@ -180,7 +180,15 @@ def test_templates_refuse_several_replicas_on_the_embedded_store_without_the_sch
 def test_grace_period_must_exceed_the_shutdown_timeout():
     proc = helm("template", "herald", CHART, "--set", "shutdownTimeoutSeconds=40", check=False)
     assert proc.returncode != 0
-    assert "terminationGracePeriodSeconds (35) must be larger than shutdownTimeoutSeconds (40)" in proc.stderr
+    assert "terminationGracePeriodSeconds (35) must be larger than shutdownTimeoutSeconds (40) + 5" in proc.stderr
+
+
+def test_grace_period_leaves_room_for_releasing_the_shard_leases():
+    # The drain may take all of shutdownTimeoutSeconds; the Lease releases follow it.
+    proc = helm("template", "herald", CHART, "--set", "shutdownTimeoutSeconds=30", check=False)
+    assert proc.returncode != 0
+    assert "+ 5" in proc.stderr
+    helm("template", "herald", CHART, "--set", "shutdownTimeoutSeconds=29")
 
 
 # ---- what the templates render ----------------------------------------------------------
