@@ -117,6 +117,17 @@ impl ControlPlane {
 impl ControlPlane {
     /// kubectl with `input` on standard input (`kubectl apply -f -`); must succeed.
     pub fn kubectl_stdin(&self, args: &[&str], input: &str) -> String {
+        let out = self.kubectl_stdin_output(args, input);
+        assert!(
+            out.status.success(),
+            "kubectl {args:?} failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap()
+    }
+
+    /// kubectl with `input` on standard input, succeeding or not.
+    pub fn kubectl_stdin_output(&self, args: &[&str], input: &str) -> Output {
         use std::io::Write;
         let mut child = Command::new(self.bin.join("kubectl"))
             .args(args)
@@ -133,13 +144,7 @@ impl ControlPlane {
             .unwrap()
             .write_all(input.as_bytes())
             .unwrap();
-        let out = child.wait_with_output().unwrap();
-        assert!(
-            out.status.success(),
-            "kubectl {args:?} failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8(out.stdout).unwrap()
+        child.wait_with_output().unwrap()
     }
 
     /// `kubectl apply` of manifests given as JSON values.
