@@ -13,7 +13,7 @@ use super::clock::now_ms;
 
 use serde::Serialize;
 use serde_json::value::RawValue;
-use tokio::sync::{Notify, broadcast, mpsc};
+use tokio::sync::{Notify, broadcast};
 use tracing::Instrument;
 
 use super::SubscriptionConfig;
@@ -24,7 +24,7 @@ use super::retry::{self, Decision};
 use super::scheduler::Scheduler;
 use super::shards::Ownership;
 use crate::store::{
-    self, AttemptRecord, Claim, Claimed, DeliveryView, NewEvent, NewWork, Next, PublishResult,
+    self, AttemptRecord, Claim, Claimed, DeliveryView, NewEvent, NewWorkFeed, Next, PublishResult,
     ShardFence, StateFilter, Store, SubscriptionRecord, SubscriptionState,
 };
 
@@ -234,6 +234,18 @@ impl Engine {
         self.ownership
             .get()
             .is_none_or(|o| o.fence(o.shard_of(uid)).is_some())
+    }
+
+    /// Wakes `uid`'s lane for new work, unless waking could start nothing: the lane is
+    /// unknown here, held (paused or without its secret: the store claims nothing for it,
+    /// and its release from hold wakes it), or in a shard another replica holds (the store's
+    /// notice wakes it there; taking the shard wakes it here). With a publish to 200
+    /// subscriptions, half of them paused and half elsewhere, each once started an attempt
+    /// that only found that out.
+    fn wake_for_work(&self, inner: &mut Inner, uid: &str) {
+        if inner.subs.get(uid).is_some_and(|c| !c.held()) && self.holds_shard_of(uid) {
+            inner.scheduler.wake(uid);
+        }
     }
 
     /// This replica holds `shard` at `epoch` until `until`: taken (and recorded in the
@@ -651,7 +663,7 @@ impl Engine {
             // A lane started with the publish is woken by its attempt's end.
             for uid in &result.targets {
                 if !started_uids.iter().any(|s| **s == **uid) {
-                    inner.scheduler.wake(uid);
+                    self.wake_for_work(&mut inner, uid);
                 }
             }
             drop(inner);
@@ -814,29 +826,37 @@ impl Engine {
         tokio::spawn(async move { engine.dispatch().await })
     }
 
-    /// Shared by shards, other replicas publish too: wakes the lanes the store says got work
-    /// (their own publishes wake nothing here), or, when notices may have been missed, every
-    /// lane with unfinished work.
-    async fn follow_new_work(self: Arc<Self>, mut work: mpsc::UnboundedReceiver<NewWork>) {
-        while let Some(notice) = work.recv().await {
-            let uids = match notice {
-                NewWork::Subscriptions(uids) => uids,
-                NewWork::Unknown => match self.store.pending_by_subscription().await {
-                    Ok(pending) => pending.into_iter().map(|(uid, _, _)| uid).collect(),
+    /// Shared by shards, other replicas publish too: wakes the lanes the store says got work,
+    /// those it names and those matching an event it names, or, when notices may have been
+    /// missed, every lane with unfinished work. Notices that arrive while this works are
+    /// gathered by the feed and taken together next time.
+    async fn follow_new_work(self: Arc<Self>, feed: NewWorkFeed) {
+        loop {
+            let work = feed.next().await;
+            let mut uids: Vec<String> = work.subscriptions.into_iter().collect();
+            if work.unknown {
+                match self.store.pending_by_subscription().await {
+                    Ok(pending) => uids.extend(pending.into_iter().map(|(uid, _, _)| uid)),
                     Err(e) => {
                         tracing::warn!(error = %e, "cannot list unfinished work after missing notices");
-                        continue;
                     }
-                },
-            };
-            let mut inner = self.lock();
-            for uid in &uids {
-                // Lanes of shards held elsewhere would only wake to rest again.
-                if inner.subs.contains_key(uid.as_str()) && self.holds_shard_of(uid) {
-                    inner.scheduler.wake(uid);
                 }
             }
-            drop(inner);
+            let mut inner = self.lock();
+            for (namespace, event_type) in &work.events {
+                let matching: Vec<String> = inner
+                    .by_namespace
+                    .get(namespace.as_str())
+                    .into_iter()
+                    .flatten()
+                    .filter(|uid| inner.subs.get(*uid).is_some_and(|c| c.matches(event_type)))
+                    .map(|uid| uid.to_string())
+                    .collect();
+                uids.extend(matching);
+            }
+            for uid in &uids {
+                self.wake_for_work(&mut inner, uid);
+            }
             self.wakeup.notify_one();
         }
     }

@@ -449,7 +449,7 @@ impl Store for PostgresStore {
                          RETURNING sub_uid
                      ), notified AS (
                          SELECT pg_notify('herald_new_work', CASE
-                             WHEN sum(length(sub_uid) + 1) > 7000 THEN '*'
+                             WHEN sum(length(sub_uid) + 1) > 7000 THEN 'e:' || $1 || ':' || $3
                              ELSE string_agg(sub_uid, ',') END)
                          FROM made HAVING count(*) > 0
                      )
@@ -491,16 +491,16 @@ impl Store for PostgresStore {
         .await
     }
 
-    /// Publishes and replays NOTIFY `herald_new_work` with the subscriptions they gave work
-    /// (in the same transaction, so a notice arrives only once the work is committed); this
-    /// listens, and says [`NewWork::Unknown`] after every (re)connection, when notices may
-    /// have been missed.
-    fn new_work(&self) -> Option<tokio::sync::mpsc::UnboundedReceiver<NewWork>> {
-        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    /// Publishes and replays NOTIFY `herald_new_work` with what they gave work (in the same
+    /// transaction, so a notice arrives only once the work is committed; see [`notice`] for
+    /// what a payload says); this listens, gathering notices into the feed, and says
+    /// [`NewWork::unknown`] after every (re)connection, when notices may have been missed.
+    fn new_work(&self) -> Option<NewWorkFeed> {
+        let (notices, feed) = new_work_feed();
         let pool = self.listen.clone();
         tokio::spawn(async move {
             let mut delay = Duration::from_millis(200);
-            while !tx.is_closed() {
+            loop {
                 let mut listener = match sqlx_postgres::PgListener::connect_with(&pool).await {
                     Ok(listener) => listener,
                     Err(e) => {
@@ -516,32 +516,34 @@ impl Store for PostgresStore {
                     continue;
                 }
                 delay = Duration::from_millis(200);
-                if tx.send(NewWork::Unknown).is_err() {
+                if !notices.unknown() {
                     return;
                 }
                 loop {
-                    let notice = match listener.try_recv().await {
-                        Ok(Some(n)) => match n.payload() {
-                            "*" => NewWork::Unknown,
-                            uids => NewWork::Subscriptions(
-                                uids.split(',').map(str::to_string).collect(),
-                            ),
+                    let open = match listener.try_recv().await {
+                        Ok(Some(n)) => match notice(n.payload()) {
+                            Notice::Subscriptions(uids) => notices.subscriptions(uids),
+                            Notice::Event {
+                                namespace,
+                                event_type,
+                            } => notices.event(namespace, event_type),
+                            Notice::Unknown => notices.unknown(),
                         },
                         // Reconnected: what was sent meanwhile is lost.
-                        Ok(None) => NewWork::Unknown,
+                        Ok(None) => notices.unknown(),
                         Err(e) => {
                             tracing::warn!(error = %classify(e), "listening for new work failed; listening again");
                             break;
                         }
                     };
-                    if tx.send(notice).is_err() {
+                    if !open {
                         return;
                     }
                 }
                 tokio::time::sleep(delay).await;
             }
         });
-        Some(rx)
+        Some(feed)
     }
 
     async fn check_writable(&self) -> Result<()> {
@@ -1018,6 +1020,40 @@ async fn first_answer(
     }))
 }
 
+/// What a `herald_new_work` payload says.
+#[derive(Debug, PartialEq, Eq)]
+enum Notice<'a> {
+    /// `uid,uid,...`: these subscriptions got work (a publish to few, a replay).
+    Subscriptions(Vec<&'a str>),
+    /// `e:<namespace>:<type>`: an event published to more subscriptions than a payload
+    /// (8,000 bytes) could name; each subscription of the namespace that matches the type
+    /// got work. Bounded by the lengths of a namespace (63) and a type (253), so no
+    /// fan-out can overflow it.
+    Event {
+        namespace: &'a str,
+        event_type: &'a str,
+    },
+    /// `*` (what replicas before this format sent for a large fan-out): look at everything.
+    Unknown,
+}
+
+fn notice(payload: &str) -> Notice<'_> {
+    if payload == "*" {
+        return Notice::Unknown;
+    }
+    // A uid never holds ':' (a UUID); a namespace never does (a DNS label), a type may.
+    match payload
+        .strip_prefix("e:")
+        .and_then(|rest| rest.split_once(':'))
+    {
+        Some((namespace, event_type)) => Notice::Event {
+            namespace,
+            event_type,
+        },
+        None => Notice::Subscriptions(payload.split(',').collect()),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::sync::Arc;
@@ -1076,6 +1112,73 @@ mod tests {
             body: b"{}".to_vec(),
             published_ms: 100,
         }
+    }
+
+    #[test]
+    fn a_notice_names_subscriptions_or_the_event() {
+        assert_eq!(notice("a,b"), Notice::Subscriptions(vec!["a", "b"]));
+        assert_eq!(notice("*"), Notice::Unknown);
+        assert_eq!(
+            notice("e:shop:order:created/v1"),
+            Notice::Event {
+                namespace: "shop",
+                event_type: "order:created/v1"
+            }
+        );
+    }
+
+    /// Issue 24 item 6: a publish to more subscriptions than a payload can name says which
+    /// event (namespace and type), never "look at everything"; notices the reader has not
+    /// taken are gathered into one batch.
+    #[tokio::test]
+    async fn notices_of_a_wide_fan_out_name_the_event_and_are_gathered() {
+        let Some(server) = Postgres::start() else {
+            return;
+        };
+        let store = connect(&server).await;
+        // UUID-sized uids: 250 of them do not fit in one payload.
+        let uids: Vec<String> = (0..250)
+            .map(|i| format!("00000000-0000-7000-8000-{i:012}"))
+            .collect();
+        for uid in &uids {
+            store.upsert_subscription(sub(uid)).await.unwrap();
+        }
+        let feed = store.new_work().unwrap();
+        // The first look after listening: notices may have been missed before it.
+        let first = tokio::time::timeout(Duration::from_secs(10), feed.next())
+            .await
+            .unwrap();
+        assert!(first.unknown, "{first:?}");
+
+        let wide = NewEvent {
+            event_type: "order.created".into(),
+            ..event("wide")
+        };
+        store.publish(wide, uids.clone()).await.unwrap();
+        let narrow = uids[..3].to_vec();
+        for i in 0..20 {
+            store
+                .publish(event(&format!("narrow-{i}")), narrow.clone())
+                .await
+                .unwrap();
+        }
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        let mut seen = NewWork::default();
+        while seen.events.is_empty() || seen.subscriptions.len() < 3 {
+            assert!(std::time::Instant::now() < deadline, "{seen:?}");
+            let work = tokio::time::timeout(Duration::from_secs(10), feed.next())
+                .await
+                .unwrap();
+            assert!(!work.unknown, "a notice said look at everything: {work:?}");
+            seen.events.extend(work.events);
+            seen.subscriptions.extend(work.subscriptions);
+        }
+        assert_eq!(
+            seen.events,
+            HashSet::from([("ns".to_string(), "order.created".to_string())])
+        );
+        assert_eq!(seen.subscriptions, narrow.into_iter().collect());
+        store.close().await;
     }
 
     /// A plain connection beside the store, to look at or hold rows as another process would.
