@@ -296,11 +296,13 @@ impl State {
                     // in-flight map even when every client waiting for it has gone.
                     let review = spawned(async move {
                         let answer = state.reviews.token(request).await;
-                        lock(&state.token_reviews).remove(&token_key);
+                        // Leaves the in-flight map only once its answer is cached, so that no
+                        // client finds neither and asks again.
                         let status = match answer {
                             Ok(answer) => answer.status,
                             Err(e) => {
                                 count("token", "error");
+                                lock(&state.token_reviews).remove(&token_key);
                                 return Err(e);
                             }
                         };
@@ -323,6 +325,7 @@ impl State {
                             },
                         );
                         state.users.put(token_key, user.clone(), user.is_some());
+                        lock(&state.token_reviews).remove(&token_key);
                         Ok(user)
                     });
                     in_flight.insert(token_key, review.clone());
@@ -393,16 +396,17 @@ impl State {
                     };
                     let review = spawned(async move {
                         let answer = state.reviews.access(request).await;
-                        lock(&state.access_reviews).remove(&decision_key);
                         let allowed = match answer {
                             Ok(answer) => answer.status.is_some_and(|s| s.allowed),
                             Err(e) => {
                                 count("subject_access", "error");
+                                lock(&state.access_reviews).remove(&decision_key);
                                 return Err(e);
                             }
                         };
                         count("subject_access", if allowed { "allowed" } else { "denied" });
                         state.decisions.put(decision_key, allowed, allowed);
+                        lock(&state.access_reviews).remove(&decision_key);
                         Ok(allowed)
                     });
                     in_flight.insert(decision_key, review.clone());
