@@ -110,6 +110,12 @@ pub enum EngineError {
         "namespace {namespace} already has {limit} publishes waiting for the store; try again shortly"
     )]
     Busy { namespace: String, limit: u32 },
+    #[error("namespace {namespace} {why}; try again in {retry_after}s")]
+    ReadBusy {
+        namespace: String,
+        why: String,
+        retry_after: u32,
+    },
     #[error(transparent)]
     Store(#[from] store::Error),
 }
@@ -132,7 +138,32 @@ struct Inner {
     pending_limits: HashMap<String, u64>,
     /// Publishes in progress per namespace (fair admission).
     admission: Admission,
+    /// Reads through the API in progress per namespace ([`READS_PER_NAMESPACE`]).
+    reads: Admission,
+    /// Rows each namespace may still read through the API, and when that was reckoned
+    /// ([`READ_ROWS_PER_SECOND`]).
+    read_budgets: HashMap<String, (f64, std::time::Instant)>,
+    /// Subscription states read through the API, by uid, for [`STATE_TTL`].
+    states: HashMap<Arc<str>, (std::time::Instant, SubscriptionState)>,
 }
+
+/// Reads through the API (a subscription's state, its deliveries, an event's attempts) one
+/// namespace may have in progress at once; more are answered 429 `read_busy` at once. Reads
+/// run beside the writing path, not in it, and this keeps one tenant's from taking every
+/// reader.
+pub const READS_PER_NAMESPACE: u32 = 2;
+/// Rows a namespace may read through the API a second (a page of deliveries costs its
+/// `limit`, given back for rows it did not fill; any other read costs 1), beyond a burst of
+/// [`READ_ROWS_BURST`]: what answering reads costs herald (the rows, their JSON) is bounded
+/// per namespace, whatever size of page it asks for. Past it: 429 `read_busy`, with the
+/// seconds until the budget allows the read in `Retry-After`.
+pub const READ_ROWS_PER_SECOND: f64 = 2_000.0;
+/// One full page (`limit` 10,000) at once.
+pub const READ_ROWS_BURST: f64 = 10_000.0;
+/// How long a subscription's state (its counters and the counts of its backlog, which cost
+/// in proportion to the backlog) read through the API is answered again without asking the
+/// store.
+pub const STATE_TTL: Duration = Duration::from_secs(1);
 
 impl Inner {
     fn add_timer(&mut self, uid: &str, at: i64) {
@@ -176,6 +207,15 @@ struct Prestart {
     epoch: u64,
 }
 
+/// A read admitted into its namespace until dropped.
+struct ReadAdmitted<'a>(&'a Engine, &'a str);
+
+impl Drop for ReadAdmitted<'_> {
+    fn drop(&mut self) {
+        self.0.lock().reads.leave(self.1);
+    }
+}
+
 /// Counts an attempt task for [`Engine::drain`] until it ends, however it ends.
 struct Running<'a>(&'a Engine);
 
@@ -207,6 +247,9 @@ impl Engine {
                 recovered: HashSet::new(),
                 pending_limits: HashMap::new(),
                 admission: Admission::new(config.namespace_max_concurrent_publishes),
+                reads: Admission::new(READS_PER_NAMESPACE),
+                read_budgets: HashMap::new(),
+                states: HashMap::new(),
             }),
             config,
             wakeup: Notify::new(),
@@ -403,6 +446,7 @@ impl Engine {
             .with_label_values(&[namespace])
             .inc_by(purged);
         let mut inner = self.lock();
+        inner.states.remove(uid);
         if let Some(config) = inner.subs.remove(uid) {
             if let Some(names) = inner.by_name.get_mut(&config.namespace) {
                 names.remove(&config.name);
@@ -662,6 +706,7 @@ impl Engine {
             let mut inner = self.lock();
             // A lane started with the publish is woken by its attempt's end.
             for uid in &result.targets {
+                inner.states.remove(uid.as_str());
                 if !started_uids.iter().any(|s| **s == **uid) {
                     self.wake_for_work(&mut inner, uid);
                 }
@@ -725,6 +770,54 @@ impl Engine {
         result
     }
 
+    /// Admits one read through the API of up to `rows` rows into `namespace` until the guard
+    /// drops (see [`READS_PER_NAMESPACE`] and [`READ_ROWS_PER_SECOND`]).
+    fn admit_read<'a>(
+        &'a self,
+        namespace: &'a str,
+        rows: u32,
+    ) -> Result<ReadAdmitted<'a>, EngineError> {
+        let mut inner = self.lock();
+        let now = std::time::Instant::now();
+        let (tokens, at) = inner
+            .read_budgets
+            .entry(namespace.to_string())
+            .or_insert((READ_ROWS_BURST, now));
+        *tokens = (*tokens + now.duration_since(*at).as_secs_f64() * READ_ROWS_PER_SECOND)
+            .min(READ_ROWS_BURST);
+        *at = now;
+        let cost = f64::from(rows).min(READ_ROWS_BURST);
+        if *tokens < cost {
+            let wait = ((cost - *tokens) / READ_ROWS_PER_SECOND).ceil().max(1.0) as u32;
+            return Err(EngineError::ReadBusy {
+                namespace: namespace.to_string(),
+                why: format!("has read {READ_ROWS_PER_SECOND} rows a second through the API"),
+                retry_after: wait,
+            });
+        }
+        if !inner.reads.enter(namespace) {
+            return Err(EngineError::ReadBusy {
+                namespace: namespace.to_string(),
+                why: format!("already has {READS_PER_NAMESPACE} reads in progress"),
+                retry_after: 1,
+            });
+        }
+        if let Some((tokens, _)) = inner.read_budgets.get_mut(namespace) {
+            *tokens -= cost;
+        }
+        Ok(ReadAdmitted(self, namespace))
+    }
+
+    /// Gives back rows a read was charged for and did not return.
+    fn unused_rows(&self, namespace: &str, rows: usize, charged: u32) {
+        let unused = f64::from(charged) - rows as f64;
+        if unused > 0.0
+            && let Some((tokens, _)) = self.lock().read_budgets.get_mut(namespace)
+        {
+            *tokens = (*tokens + unused).min(READ_ROWS_BURST);
+        }
+    }
+
     pub async fn list(
         &self,
         namespace: &str,
@@ -733,7 +826,10 @@ impl Engine {
         limit: u32,
     ) -> Result<Vec<DeliveryView>, EngineError> {
         let uid = self.uid_of(namespace, name)?;
-        Ok(self.store.list_deliveries(&uid, filter, limit).await?)
+        let _admitted = self.admit_read(namespace, limit)?;
+        let page = self.store.list_deliveries(&uid, filter, limit).await?;
+        self.unused_rows(namespace, page.len(), limit);
+        Ok(page)
     }
 
     pub async fn attempts(
@@ -743,6 +839,7 @@ impl Engine {
         event_id: &str,
     ) -> Result<Vec<AttemptRecord>, EngineError> {
         let uid = self.uid_of(namespace, name)?;
+        let _admitted = self.admit_read(namespace, 1)?;
         Ok(self.store.attempts(&uid, event_id).await?)
     }
 
@@ -764,6 +861,7 @@ impl Engine {
         }
         let replayed = self.store.replay(&uid, event_ids, now_ms()).await?;
         let mut inner = self.lock();
+        inner.states.remove(&uid);
         *inner.pending.entry(namespace.to_string()).or_default() += replayed;
         inner.scheduler.wake(&uid);
         drop(inner);
@@ -779,7 +877,10 @@ impl Engine {
     ) -> Result<SubscriptionState, EngineError> {
         let uid = self.uid_of(namespace, name)?;
         let state = self.store.set_disabled(&uid, false).await?;
-        self.lock().scheduler.wake(&uid);
+        let mut inner = self.lock();
+        inner.states.remove(&uid);
+        inner.scheduler.wake(&uid);
+        drop(inner);
         self.wakeup.notify_one();
         let _ = self.notices.send(Notice::Enabled {
             namespace: namespace.to_string(),
@@ -788,17 +889,36 @@ impl Engine {
         Ok(state)
     }
 
+    /// A subscription's state as the API shows it: while nothing this replica does changes
+    /// it (a publish to it, an attempt's end, a replay, re-enabling), read from the store at
+    /// most once per [`STATE_TTL`], so that however often a resting backlog is asked about,
+    /// it is counted about once a second.
     pub async fn state(
         &self,
         namespace: &str,
         name: &str,
     ) -> Result<SubscriptionState, EngineError> {
         let uid = self.uid_of(namespace, name)?;
-        Ok(self
+        let now = std::time::Instant::now();
+        if let Some((at, state)) = self.lock().states.get(&uid)
+            && now.duration_since(*at) < STATE_TTL
+        {
+            return Ok(state.clone());
+        }
+        let _admitted = self.admit_read(namespace, 1)?;
+        let state = self
             .store
             .subscription_state(&uid)
             .await?
-            .unwrap_or_default())
+            .unwrap_or_default();
+        let mut inner = self.lock();
+        if inner.states.len() >= 4 * inner.subs.len().max(1024) {
+            inner
+                .states
+                .retain(|_, (at, _)| now.duration_since(*at) < STATE_TTL);
+        }
+        inner.states.insert(uid, (now, state.clone()));
+        Ok(state)
     }
 
     /// Runs the dispatcher until the process ends: starts what the scheduler allows, fires
@@ -1221,6 +1341,7 @@ impl Engine {
 
         record_metrics(config, &result, next, completion.as_ref().ok());
         let mut inner = self.lock();
+        inner.states.remove(uid);
         inner.scheduler.release(uid, &config.namespace);
         match &completion {
             Ok(done) if done.recorded => match next {

@@ -31,7 +31,8 @@
 //! is off), so an answer means the commit is on disk. Claims, attempt results and pruning
 //! run on a second pool with `synchronous_commit = off`: the server may lose the last of
 //! them in a crash, which at worst repeats an attempt; it never reorders them, so a synced
-//! commit also makes every earlier one durable.
+//! commit also makes every earlier one durable. Reads run on a third, smaller pool, so
+//! that no flood of them takes a connection those need.
 //!
 //! **Outages.** Every failure to reach the server, and every server error that says it
 //! cannot take work now (shutting down, out of disk or connections, a read-only standby,
@@ -69,9 +70,11 @@ const MIGRATIONS: &[(i64, &str, &str)] = &[
     (2, "shards", include_str!("postgres/0002_shards.sql")),
 ];
 
-/// Connections per pool (two pools per process, see the module documentation). Three
-/// replicas use at most 3 × 2 × 10 = 60 of PostgreSQL's default 100.
+/// Connections per writing pool (two per process). With the read pool and the listener,
+/// three replicas use at most 3 × (2 × 10 + 4 + 1) = 75 of PostgreSQL's default 100.
 const POOL_SIZE: u32 = 10;
+/// Connections of the read pool.
+const READ_POOL_SIZE: u32 = 4;
 /// How long an operation waits for a free connection (or for the server to accept one)
 /// before it is answered `Unavailable`.
 const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(5);
@@ -86,8 +89,12 @@ const HEALTH_TIMEOUT: Duration = Duration::from_secs(5);
 pub struct PostgresStore {
     /// `synchronous_commit` on: for whatever acknowledges an event or changes a subscription.
     synced: PgPool,
-    /// `synchronous_commit = off`: claims, attempt results, pruning, and reads.
+    /// `synchronous_commit = off`: claims, attempt results, pruning.
     relaxed: PgPool,
+    /// Reads (a subscription's state and backlog, attempt history, listings), in a pool of
+    /// their own ([`READ_POOL_SIZE`]): however many a tenant asks for, they never take a
+    /// connection a publish, claim or completion needs.
+    reads: PgPool,
     /// One connection, for LISTEN (see [`Store::new_work`]).
     listen: PgPool,
 }
@@ -283,6 +290,9 @@ impl PostgresStore {
             .connect_lazy_with(options.clone());
         let relaxed =
             pool().connect_lazy_with(options.clone().options([("synchronous_commit", "off")]));
+        let reads = pool()
+            .max_connections(READ_POOL_SIZE)
+            .connect_lazy_with(options.clone().options([("synchronous_commit", "off")]));
         let listen = PgPoolOptions::new()
             .max_connections(1)
             .acquire_timeout(ACQUIRE_TIMEOUT)
@@ -290,6 +300,7 @@ impl PostgresStore {
         Ok(Self {
             synced,
             relaxed,
+            reads,
             listen,
         })
     }
@@ -298,6 +309,7 @@ impl PostgresStore {
     pub async fn close(&self) {
         self.synced.close().await;
         self.relaxed.close().await;
+        self.reads.close().await;
         self.listen.close().await;
     }
 }
@@ -384,7 +396,7 @@ impl Store for PostgresStore {
         within(OP_TIMEOUT, async {
             let row = query(STATE_OF)
                 .bind(uid)
-                .fetch_optional(&self.relaxed)
+                .fetch_optional(&self.reads)
                 .await?;
             row.map(|r| state_row(&r)).transpose()
         })
@@ -397,7 +409,7 @@ impl Store for PostgresStore {
                 "SELECT uid, namespace, name, paused, disable_after, shard FROM subscriptions
                  WHERE live ORDER BY uid",
             )
-            .fetch_all(&self.relaxed)
+            .fetch_all(&self.reads)
             .await?;
             rows.iter()
                 .map(|r| {
@@ -564,7 +576,7 @@ impl Store for PostgresStore {
     }
 
     async fn published(&self, namespace: &str, event_id: &str) -> Result<Option<PublishResult>> {
-        within(OP_TIMEOUT, first_answer(&self.relaxed, namespace, event_id)).await
+        within(OP_TIMEOUT, first_answer(&self.reads, namespace, event_id)).await
     }
 
     async fn claim_next(&self, uid: &str, now_ms: i64) -> Result<Claim> {
@@ -647,7 +659,7 @@ impl Store for PostgresStore {
                 "SELECT shard, epoch, holder, at_ms FROM shard_history
                  ORDER BY at_ms, shard, epoch",
             )
-            .fetch_all(&self.relaxed)
+            .fetch_all(&self.reads)
             .await?;
             rows.iter()
                 .map(|r| {
@@ -773,7 +785,7 @@ impl Store for PostgresStore {
                  JOIN deliveries d ON d.sub_uid = s.uid AND d.state IN (0, 1)
                  WHERE s.live GROUP BY s.uid, s.namespace",
             )
-            .fetch_all(&self.relaxed)
+            .fetch_all(&self.reads)
             .await?;
             rows.iter()
                 .map(|r| Ok((r.try_get(0)?, r.try_get(1)?, count(r, 2)?)))
@@ -795,19 +807,27 @@ impl Store for PostgresStore {
         };
         within(OP_TIMEOUT, async {
             let rows = query(
+                // Each state's first page from the lane index, in its order, then the first
+                // of those: a page costs its own rows, however long the backlog (ORDER BY
+                // d.id sorted all of it for every page).
                 "SELECT e.event_id, e.event_type, d.state, d.attempts, e.published_ms, d.due_ms,
                         a.at_ms, a.outcome, a.status_code, a.latency_ms, a.message
-                 FROM deliveries d JOIN events e ON e.id = d.event
+                 FROM unnest($2::smallint[]) AS s(state)
+                 CROSS JOIN LATERAL (
+                     SELECT id, event, state, attempts, due_ms FROM deliveries
+                     WHERE sub_uid = $1 AND state = s.state ORDER BY due_ms, id LIMIT $3
+                 ) d
+                 JOIN events e ON e.id = d.event
                  LEFT JOIN LATERAL (
                      SELECT at_ms, outcome, status_code, latency_ms, message FROM attempt_log
                      WHERE delivery = d.id ORDER BY id DESC LIMIT 1
                  ) a ON true
-                 WHERE d.sub_uid = $1 AND d.state = ANY($2) ORDER BY d.id LIMIT $3",
+                 ORDER BY d.state, d.due_ms, d.id LIMIT $3",
             )
             .bind(uid)
             .bind(&states)
             .bind(i64::from(limit))
-            .fetch_all(&self.relaxed)
+            .fetch_all(&self.reads)
             .await?;
             rows.iter()
                 .map(|r| {
@@ -843,7 +863,7 @@ impl Store for PostgresStore {
             )
             .bind(uid)
             .bind(event_id)
-            .fetch_all(&self.relaxed)
+            .fetch_all(&self.reads)
             .await?;
             rows.iter().map(|r| attempt_row(r, 0)).collect()
         })
