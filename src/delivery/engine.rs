@@ -152,13 +152,14 @@ struct Inner {
 /// run beside the writing path, not in it, and this keeps one tenant's from taking every
 /// reader.
 pub const READS_PER_NAMESPACE: u32 = 2;
-/// Rows a namespace may read through the API a second (a page of deliveries costs its
-/// `limit`, given back for rows it did not fill; any other read costs 1), beyond a burst of
-/// [`READ_ROWS_BURST`]: what answering reads costs herald (the rows, their JSON) is bounded
-/// per namespace, whatever size of page it asks for. Past it: 429 `read_busy`, with the
-/// seconds until the budget allows the read in `Retry-After`.
+/// Rows a namespace may read through the API a second (a read costs the rows it returned,
+/// and at least 1), beyond a burst of [`READ_ROWS_BURST`]: what answering reads costs
+/// herald (the rows, their JSON) is bounded per namespace, whatever size of page it asks
+/// for. A read is admitted while the namespace's budget is not spent, and charged when it
+/// has been answered; once spent (a read may overdraw it by its page): 429 `read_busy`,
+/// with the seconds until it refills in `Retry-After`.
 pub const READ_ROWS_PER_SECOND: f64 = 2_000.0;
-/// One full page (`limit` 10,000) at once.
+/// One full page (`limit` 10,000).
 pub const READ_ROWS_BURST: f64 = 10_000.0;
 /// How long a subscription's state (its counters and the counts of its backlog, which cost
 /// in proportion to the backlog) read through the API is answered again without asking the
@@ -207,12 +208,26 @@ struct Prestart {
     epoch: u64,
 }
 
-/// A read admitted into its namespace until dropped.
-struct ReadAdmitted<'a>(&'a Engine, &'a str);
+/// A read admitted into its namespace until dropped, which charges its rows.
+struct ReadAdmitted<'a> {
+    engine: &'a Engine,
+    namespace: &'a str,
+    rows: usize,
+}
+
+impl ReadAdmitted<'_> {
+    fn returned(&mut self, rows: usize) {
+        self.rows = rows.max(1);
+    }
+}
 
 impl Drop for ReadAdmitted<'_> {
     fn drop(&mut self) {
-        self.0.lock().reads.leave(self.1);
+        let mut inner = self.engine.lock();
+        inner.reads.leave(self.namespace);
+        if let Some((tokens, _)) = inner.read_budgets.get_mut(self.namespace) {
+            *tokens -= self.rows as f64;
+        }
     }
 }
 
@@ -770,13 +785,10 @@ impl Engine {
         result
     }
 
-    /// Admits one read through the API of up to `rows` rows into `namespace` until the guard
-    /// drops (see [`READS_PER_NAMESPACE`] and [`READ_ROWS_PER_SECOND`]).
-    fn admit_read<'a>(
-        &'a self,
-        namespace: &'a str,
-        rows: u32,
-    ) -> Result<ReadAdmitted<'a>, EngineError> {
+    /// Admits one read through the API into `namespace` until the guard drops, which
+    /// charges the rows it [`ReadAdmitted::returned`] (see [`READS_PER_NAMESPACE`] and
+    /// [`READ_ROWS_PER_SECOND`]).
+    fn admit_read<'a>(&'a self, namespace: &'a str) -> Result<ReadAdmitted<'a>, EngineError> {
         let mut inner = self.lock();
         let now = std::time::Instant::now();
         let (tokens, at) = inner
@@ -786,12 +798,13 @@ impl Engine {
         *tokens = (*tokens + now.duration_since(*at).as_secs_f64() * READ_ROWS_PER_SECOND)
             .min(READ_ROWS_BURST);
         *at = now;
-        let cost = f64::from(rows).min(READ_ROWS_BURST);
-        if *tokens < cost {
-            let wait = ((cost - *tokens) / READ_ROWS_PER_SECOND).ceil().max(1.0) as u32;
+        if *tokens <= 0.0 {
+            let wait = (-*tokens / READ_ROWS_PER_SECOND).ceil().max(1.0) as u32;
             return Err(EngineError::ReadBusy {
                 namespace: namespace.to_string(),
-                why: format!("has read {READ_ROWS_PER_SECOND} rows a second through the API"),
+                why: format!(
+                    "has read more than {READ_ROWS_PER_SECOND} rows a second through the API"
+                ),
                 retry_after: wait,
             });
         }
@@ -802,20 +815,11 @@ impl Engine {
                 retry_after: 1,
             });
         }
-        if let Some((tokens, _)) = inner.read_budgets.get_mut(namespace) {
-            *tokens -= cost;
-        }
-        Ok(ReadAdmitted(self, namespace))
-    }
-
-    /// Gives back rows a read was charged for and did not return.
-    fn unused_rows(&self, namespace: &str, rows: usize, charged: u32) {
-        let unused = f64::from(charged) - rows as f64;
-        if unused > 0.0
-            && let Some((tokens, _)) = self.lock().read_budgets.get_mut(namespace)
-        {
-            *tokens = (*tokens + unused).min(READ_ROWS_BURST);
-        }
+        Ok(ReadAdmitted {
+            engine: self,
+            namespace,
+            rows: 1,
+        })
     }
 
     pub async fn list(
@@ -826,9 +830,9 @@ impl Engine {
         limit: u32,
     ) -> Result<Vec<DeliveryView>, EngineError> {
         let uid = self.uid_of(namespace, name)?;
-        let _admitted = self.admit_read(namespace, limit)?;
+        let mut admitted = self.admit_read(namespace)?;
         let page = self.store.list_deliveries(&uid, filter, limit).await?;
-        self.unused_rows(namespace, page.len(), limit);
+        admitted.returned(page.len());
         Ok(page)
     }
 
@@ -839,8 +843,10 @@ impl Engine {
         event_id: &str,
     ) -> Result<Vec<AttemptRecord>, EngineError> {
         let uid = self.uid_of(namespace, name)?;
-        let _admitted = self.admit_read(namespace, 1)?;
-        Ok(self.store.attempts(&uid, event_id).await?)
+        let mut admitted = self.admit_read(namespace)?;
+        let attempts = self.store.attempts(&uid, event_id).await?;
+        admitted.returned(attempts.len());
+        Ok(attempts)
     }
 
     /// Re-queues dead letters; refused while the subscription is disabled.
@@ -905,7 +911,7 @@ impl Engine {
         {
             return Ok(state.clone());
         }
-        let _admitted = self.admit_read(namespace, 1)?;
+        let _admitted = self.admit_read(namespace)?;
         let state = self
             .store
             .subscription_state(&uid)
