@@ -146,6 +146,24 @@ pub struct RunArgs {
         default_value_t = 1_000_000
     )]
     namespace_max_pending: u64,
+    /// What a namespace's stored events may count, in bytes, where no WebhookQuota says
+    /// otherwise: each event its body (kept until pruned) plus 512, and 256 per delivery.
+    /// Publishing past it is refused with 429 quota_exceeded.
+    #[arg(
+        long,
+        env = "HERALD_NAMESPACE_MAX_STORED_BYTES",
+        default_value_t = 256 * 1024 * 1024
+    )]
+    namespace_max_stored_bytes: u64,
+    /// Free space the embedded store's disk keeps for delivering what it holds: no publish
+    /// of any namespace is accepted into it (507 insufficient_storage), so deliveries, their
+    /// history and status can still be written however the namespaces' budgets add up.
+    #[arg(
+        long,
+        env = "HERALD_STORE_RESERVE_BYTES",
+        default_value_t = 64 * 1024 * 1024
+    )]
+    store_reserve_bytes: u64,
     /// How long attempt history, delivered deliveries and the ids of finished events are
     /// kept, in hours (a repeated event id is recognised for this long). Dead letters are
     /// kept until replayed or their subscription is removed; their history is pruned.
@@ -252,6 +270,8 @@ impl RunArgs {
                 namespace_max_concurrent_publishes: self.namespace_max_concurrent_publishes,
                 namespace_max_in_flight: self.namespace_max_in_flight,
                 namespace_max_pending: self.namespace_max_pending,
+                namespace_max_stored_bytes: self.namespace_max_stored_bytes,
+                store_reserve_bytes: self.store_reserve_bytes,
                 history_retention: Duration::from_secs(self.history_retention_hours * 3600),
             },
         ))

@@ -833,12 +833,13 @@ impl FolderSync {
                 &namespace,
                 Some(quota.max_in_flight),
                 Some(quota.max_pending_attempts),
+                quota.max_stored_bytes,
             );
             namespaces.push(namespace);
         }
         for namespace in &self.quota_namespaces {
             if !namespaces.contains(namespace) {
-                self.engine.set_quota(namespace, None, None);
+                self.engine.set_quota(namespace, None, None, None);
             }
         }
         self.quota_namespaces = namespaces;

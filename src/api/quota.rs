@@ -62,6 +62,16 @@ pub struct WebhookQuotaSpec {
     #[serde(default = "default_max_pending")]
     #[schemars(range(min = 1, max = 1000000000))]
     pub max_pending_attempts: u64,
+
+    /// Bytes this namespace's stored events may count: each event its body (kept, for
+    /// replays and the history, until it is pruned after the history retention) plus 512
+    /// for its row and indexes, and 256 for each of its deliveries with their history; an
+    /// event that matched nothing counts 512. Publishing an event that would exceed it is
+    /// refused with 429 `quota_exceeded` and nothing is written. Absent: herald's default
+    /// (the chart's `defaultQuota.maxStoredBytes`, 256 MiB unless set).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 65536))]
+    pub max_stored_bytes: Option<u64>,
 }
 
 fn default_max_in_flight() -> u32 {
@@ -76,6 +86,7 @@ impl Default for WebhookQuotaSpec {
         Self {
             max_in_flight: default_max_in_flight(),
             max_pending_attempts: default_max_pending(),
+            max_stored_bytes: None,
         }
     }
 }

@@ -461,7 +461,7 @@ async fn apply_quota(
         .collect();
     let Some(winner) = quota_in_force(&keys) else {
         if applied.remove(namespace) {
-            engine.set_quota(namespace, None, None);
+            engine.set_quota(namespace, None, None, None);
             tracing::info!(namespace, "no WebhookQuota left; the default limits apply");
         }
         return;
@@ -471,6 +471,7 @@ async fn apply_quota(
         namespace,
         Some(spec.max_in_flight),
         Some(spec.max_pending_attempts),
+        spec.max_stored_bytes,
     );
     applied.insert(namespace.to_string());
     let winner_name = quotas[winner].name_any();

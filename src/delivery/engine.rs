@@ -39,6 +39,13 @@ pub struct EngineConfig {
     pub namespace_max_concurrent_publishes: u32,
     pub namespace_max_in_flight: u32,
     pub namespace_max_pending: u64,
+    /// What a namespace's stored events may count ([`store::stored_cost`]) where no
+    /// WebhookQuota says otherwise.
+    pub namespace_max_stored_bytes: u64,
+    /// Free space the store's disk keeps: no publish, of any namespace, is accepted into it,
+    /// so that deliveries, their history and status can still be written however the
+    /// namespaces' budgets add up (only where the store can tell its free space).
+    pub store_reserve_bytes: u64,
     pub history_retention: Duration,
 }
 
@@ -57,6 +64,10 @@ const PENDING_RECOUNT: Duration = Duration::from_secs(2);
 fn recount_wait(took: Duration) -> Duration {
     PENDING_RECOUNT.max(took.saturating_mul(20))
 }
+
+/// How often each namespace's stored bytes are taken from the store again (pruning frees
+/// them, other replicas add theirs), or twenty times what the last count took.
+const STORED_RECOUNT: Duration = Duration::from_secs(10);
 
 /// What happened, for logs and status writers.
 #[derive(Clone, Debug, Serialize)]
@@ -104,6 +115,19 @@ pub enum EngineError {
         more: u64,
         limit: u64,
     },
+    #[error(
+        "namespace {namespace} stores {stored} bytes of events; this one ({more} bytes) would pass its maxStoredBytes of {limit}"
+    )]
+    StoredBytesExceeded {
+        namespace: String,
+        stored: u64,
+        more: u64,
+        limit: u64,
+    },
+    #[error(
+        "the store's disk has {free} bytes free; herald keeps {reserve} of them for delivering what it holds, and accepts no event into them"
+    )]
+    StoreReserve { free: u64, reserve: u64 },
     #[error("subscription {0} is disabled; re-enable it first")]
     Disabled(String),
     #[error(
@@ -136,6 +160,11 @@ struct Inner {
     recovered: HashSet<String>,
     /// Per-namespace pending limits from WebhookQuota objects.
     pending_limits: HashMap<String, u64>,
+    /// What each namespace's stored events count ([`store::stored_cost`]): the store's
+    /// count at the last recount, plus what this process accepted since.
+    stored: HashMap<String, u64>,
+    /// Per-namespace byte budgets from WebhookQuota objects.
+    stored_limits: HashMap<String, u64>,
     /// Publishes in progress per namespace (fair admission).
     admission: Admission,
     /// Reads through the API in progress per namespace ([`READS_PER_NAMESPACE`]).
@@ -261,6 +290,8 @@ impl Engine {
                 pending: HashMap::new(),
                 recovered: HashSet::new(),
                 pending_limits: HashMap::new(),
+                stored: HashMap::new(),
+                stored_limits: HashMap::new(),
                 admission: Admission::new(config.namespace_max_concurrent_publishes),
                 reads: Admission::new(READS_PER_NAMESPACE),
                 read_budgets: HashMap::new(),
@@ -483,7 +514,13 @@ impl Engine {
     }
 
     /// Sets (or with None clears) a namespace's quota.
-    pub fn set_quota(&self, namespace: &str, max_in_flight: Option<u32>, max_pending: Option<u64>) {
+    pub fn set_quota(
+        &self,
+        namespace: &str,
+        max_in_flight: Option<u32>,
+        max_pending: Option<u64>,
+        max_stored_bytes: Option<u64>,
+    ) {
         let mut inner = self.lock();
         inner.scheduler.set_namespace_limit(
             namespace,
@@ -492,6 +529,10 @@ impl Engine {
         match max_pending {
             Some(limit) => inner.pending_limits.insert(namespace.to_string(), limit),
             None => inner.pending_limits.remove(namespace),
+        };
+        match max_stored_bytes {
+            Some(limit) => inner.stored_limits.insert(namespace.to_string(), limit),
+            None => inner.stored_limits.remove(namespace),
         };
         drop(inner);
         self.wakeup.notify_one();
@@ -518,6 +559,8 @@ impl Engine {
                 namespace_max_concurrent_publishes: 64,
                 namespace_max_in_flight: 16,
                 namespace_max_pending: 100,
+                namespace_max_stored_bytes: 1 << 40,
+                store_reserve_bytes: 0,
                 history_retention: Duration::from_secs(60),
             },
         )
@@ -568,23 +611,49 @@ impl Engine {
         };
         let given = id.is_some();
         let event_id = id.unwrap_or_else(|| format!("evt_{}", uuid::Uuid::now_v7().simple()));
-        /// Pending attempts counted for a publish before the store has them; whatever the
-        /// store did not write (a duplicate id, a subscription removed meanwhile, a failed
-        /// write, a cancelled request) is given back on drop.
+        #[derive(Serialize)]
+        struct Envelope<'a> {
+            id: &'a str,
+            #[serde(rename = "type")]
+            kind: &'a str,
+            timestamp: String,
+            data: &'a RawValue,
+        }
+        let published_ms = now_ms();
+        let body = serde_json::to_vec(&Envelope {
+            id: &event_id,
+            kind: event_type,
+            timestamp: k8s_openapi::jiff::Timestamp::from_millisecond(published_ms)
+                .map(|t| t.to_string())
+                .unwrap_or_default(),
+            data,
+        })
+        .map_err(|e| store::Error::Backend(e.to_string()))?;
+        let body_bytes = body.len() as u64;
+        // Looked at before the lock: at most one statvfs per 250 ms, never under it.
+        let free = self.store.free_bytes();
+        /// Pending attempts and stored bytes counted for a publish before the store has them;
+        /// whatever the store did not write (a duplicate id, a subscription removed
+        /// meanwhile, a failed write, a cancelled request) is given back on drop.
         struct Reservation<'a> {
             engine: &'a Engine,
             namespace: &'a str,
             count: u64,
+            bytes: u64,
         }
         impl Drop for Reservation<'_> {
             fn drop(&mut self) {
-                if self.count > 0 {
-                    self.engine.lock().pending_sub(self.namespace, self.count);
+                if self.count > 0 || self.bytes > 0 {
+                    let mut inner = self.engine.lock();
+                    inner.pending_sub(self.namespace, self.count);
+                    if let Some(stored) = inner.stored.get_mut(self.namespace) {
+                        *stored = stored.saturating_sub(self.bytes);
+                    }
                 }
             }
         }
-        // The maxPendingAttempts check and the reservation are one step under the lock, so
-        // concurrent publishes cannot pass the limit together.
+        // The quota checks and the reservation are one step under the lock, so concurrent
+        // publishes cannot pass a limit together.
         let admitted = {
             let mut inner = self.lock();
             // A namespace no subscription of this engine lives in is not a metric label:
@@ -608,22 +677,42 @@ impl Engine {
                 .unwrap_or(self.config.namespace_max_pending);
             let pending = inner.pending.get(namespace).copied().unwrap_or(0);
             let more = targets.len() as u64;
+            let bytes = store::stored_cost(body_bytes, more);
+            let stored = inner.stored.get(namespace).copied().unwrap_or(0);
+            let stored_limit = inner
+                .stored_limits
+                .get(namespace)
+                .copied()
+                .unwrap_or(self.config.namespace_max_stored_bytes);
+            let reserve = self.config.store_reserve_bytes;
             if pending + more > limit {
-                let refusal = EngineError::QuotaExceeded {
+                Err(EngineError::QuotaExceeded {
                     namespace: namespace.to_string(),
                     pending,
                     more,
                     limit,
-                };
-                Err(refusal)
+                })
+            } else if stored + bytes > stored_limit {
+                Err(EngineError::StoredBytesExceeded {
+                    namespace: namespace.to_string(),
+                    stored,
+                    more: bytes,
+                    limit: stored_limit,
+                })
+            } else if let Some(free) = free
+                && free < reserve.saturating_add(bytes)
+            {
+                Err(EngineError::StoreReserve { free, reserve })
             } else {
                 if more > 0 {
                     *inner.pending.entry(namespace.to_string()).or_default() += more;
                 }
+                *inner.stored.entry(namespace.to_string()).or_default() += bytes;
                 let reservation = Reservation {
                     engine: self,
                     namespace,
                     count: more,
+                    bytes,
                 };
                 Ok((targets, reservation, routed))
             }
@@ -639,24 +728,6 @@ impl Engine {
                 return Err(refusal);
             }
         };
-        #[derive(Serialize)]
-        struct Envelope<'a> {
-            id: &'a str,
-            #[serde(rename = "type")]
-            kind: &'a str,
-            timestamp: String,
-            data: &'a RawValue,
-        }
-        let published_ms = now_ms();
-        let body = serde_json::to_vec(&Envelope {
-            id: &event_id,
-            kind: event_type,
-            timestamp: k8s_openapi::jiff::Timestamp::from_millisecond(published_ms)
-                .map(|t| t.to_string())
-                .unwrap_or_default(),
-            data,
-        })
-        .map_err(|e| store::Error::Backend(e.to_string()))?;
         let event = NewEvent {
             namespace: namespace.to_string(),
             event_id,
@@ -705,6 +776,10 @@ impl Engine {
         };
         // What the store wrote stays counted; the rest is released when `reservation` drops.
         reservation.count -= (result.targets.len() as u64).min(reservation.count);
+        if !result.duplicate {
+            let written = store::stored_cost(body_bytes, result.targets.len() as u64);
+            reservation.bytes -= written.min(reservation.bytes);
+        }
         drop(reservation);
         if !result.duplicate {
             let label = if routed {
@@ -943,6 +1018,7 @@ impl Engine {
                 }
             }
         });
+        tokio::spawn(self.clone().recount_stored());
         if self.ownership.get().is_some() {
             if let Some(work) = self.store.new_work() {
                 tokio::spawn(self.clone().follow_new_work(work));
@@ -1012,6 +1088,24 @@ impl Engine {
                 *counted.entry(namespace).or_default() += count;
             }
             self.lock().pending = counted;
+        }
+    }
+
+    /// Takes what each namespace's stored events count from the store now and then (see
+    /// [`STORED_RECOUNT`]). Between counts, publishes this process accepts are added as they
+    /// are written; what is being published at the moment of a count may be missed by it
+    /// until the next.
+    async fn recount_stored(self: Arc<Self>) {
+        let mut wait = Duration::ZERO;
+        loop {
+            tokio::time::sleep(wait).await;
+            let started = std::time::Instant::now();
+            let result = self.store.stored_bytes().await;
+            wait = STORED_RECOUNT.max(started.elapsed().saturating_mul(20));
+            match result {
+                Ok(counted) => self.lock().stored = counted.into_iter().collect(),
+                Err(e) => tracing::warn!(error = %e, "cannot count stored bytes per namespace"),
+            }
         }
     }
 
@@ -1465,6 +1559,8 @@ mod tests {
         claim_with_publish: bool,
         claimed_with_publish: AtomicU32,
         claims_next: AtomicU32,
+        /// Free space it reports (u64::MAX: the real folder's).
+        free: std::sync::atomic::AtomicU64,
     }
 
     impl FaultyStore {
@@ -1476,6 +1572,7 @@ mod tests {
                 claim_with_publish: false,
                 claimed_with_publish: AtomicU32::new(0),
                 claims_next: AtomicU32::new(0),
+                free: std::sync::atomic::AtomicU64::new(u64::MAX),
             }
         }
 
@@ -1573,6 +1670,15 @@ mod tests {
         }
         async fn pending_by_subscription(&self) -> store::Result<Vec<(String, String, u64)>> {
             self.inner.pending_by_subscription().await
+        }
+        async fn stored_bytes(&self) -> store::Result<Vec<(String, u64)>> {
+            self.inner.stored_bytes().await
+        }
+        fn free_bytes(&self) -> Option<u64> {
+            match self.free.load(Ordering::SeqCst) {
+                u64::MAX => self.inner.free_bytes(),
+                free => Some(free),
+            }
         }
         async fn list_deliveries(
             &self,
@@ -1898,6 +2004,74 @@ mod tests {
                 .any(|l| l.contains(&format!("namespace=\"{UNROUTED_NAMESPACE}\""))),
             "{series:?}"
         );
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    /// Issue 24 item 4: a namespace's byte budget refuses its own publishes and writes
+    /// nothing; what is counted as events are written agrees with the store's count; the
+    /// disk's reserve refuses every namespace's publishes while free space is within it.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn byte_budgets_and_the_disk_reserve_refuse_publishes() {
+        let dir = std::env::temp_dir().join(format!("herald-engine-{}", uuid::Uuid::now_v7()));
+        let store = Arc::new(FaultyStore::new(&dir, 0, None));
+        let engine = test_engine(store.clone());
+        engine
+            .upsert(hook("127.0.0.1:9".parse().unwrap()))
+            .await
+            .unwrap();
+        let data = RawValue::from_string(format!("{{\"pad\":\"{}\"}}", "x".repeat(1000))).unwrap();
+        // Room for three such events (each about 1,100 bytes of body, 512 and 256).
+        engine.set_quota("ns", None, None, Some(6_000));
+        let mut accepted = 0;
+        let refusal = loop {
+            match engine.publish("ns", None, "t", &data).await {
+                Ok(_) => accepted += 1,
+                Err(e) => break e,
+            }
+            assert!(accepted < 10, "the byte budget never refused");
+        };
+        assert_eq!(accepted, 3);
+        assert!(
+            matches!(
+                &refusal,
+                EngineError::StoredBytesExceeded { limit: 6_000, .. }
+            ),
+            "{refusal:?}"
+        );
+        assert!(
+            refusal.to_string().contains("maxStoredBytes of 6000"),
+            "{refusal}"
+        );
+        assert_eq!(
+            store.stored_bytes().await.unwrap(),
+            vec![("ns".to_string(), engine.lock().stored["ns"])],
+            "the count kept as events were written and the store's count differ"
+        );
+        // Other namespaces are not held to ns's budget.
+        engine.publish("other", None, "t", &data).await.unwrap();
+
+        // 1 MiB free against a reserve of 64 MiB: nothing is accepted, from anyone.
+        let engine = Engine::new(
+            store.clone(),
+            HttpSender::new(crate::delivery::egress::EgressPolicy::default()).unwrap(),
+            EngineConfig {
+                store_reserve_bytes: 64 << 20,
+                ..engine.config.clone()
+            },
+        );
+        store.free.store(1 << 20, Ordering::SeqCst);
+        for namespace in ["ns", "other", "third"] {
+            let refusal = engine
+                .publish(namespace, None, "t", &data)
+                .await
+                .unwrap_err();
+            assert!(
+                matches!(refusal, EngineError::StoreReserve { .. }),
+                "{refusal:?}"
+            );
+        }
+        store.free.store(1 << 30, Ordering::SeqCst);
+        engine.publish("third", None, "t", &data).await.unwrap();
         let _ = std::fs::remove_dir_all(dir);
     }
 }

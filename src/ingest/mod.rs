@@ -101,9 +101,17 @@ impl From<EngineError> for ApiError {
         let message = e.to_string();
         match e {
             EngineError::NotFound(_) => Self::new(StatusCode::NOT_FOUND, "not_found", message),
-            EngineError::QuotaExceeded { .. } => {
+            EngineError::QuotaExceeded { .. } | EngineError::StoredBytesExceeded { .. } => {
                 Self::new(StatusCode::TOO_MANY_REQUESTS, "quota_exceeded", message)
             }
+            EngineError::StoreReserve { .. } => ApiError {
+                retry_after: Some(30),
+                ..Self::new(
+                    StatusCode::INSUFFICIENT_STORAGE,
+                    "insufficient_storage",
+                    message,
+                )
+            },
             EngineError::Disabled(_) => {
                 Self::new(StatusCode::CONFLICT, "subscription_disabled", message)
             }
@@ -556,6 +564,9 @@ mod tests {
         ) -> crate::store::Result<Vec<(String, String, u64)>> {
             down()
         }
+        async fn stored_bytes(&self) -> crate::store::Result<Vec<(String, u64)>> {
+            down()
+        }
         async fn list_deliveries(
             &self,
             _: &str,
@@ -590,6 +601,8 @@ mod tests {
                 namespace_max_concurrent_publishes: 64,
                 namespace_max_in_flight: 16,
                 namespace_max_pending: 100,
+                namespace_max_stored_bytes: 1 << 40,
+                store_reserve_bytes: 0,
                 history_retention: std::time::Duration::from_secs(60),
             },
         );

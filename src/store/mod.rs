@@ -30,6 +30,21 @@ use serde::Serialize;
 /// Responses longer than this are cut in the attempt history.
 pub const EXCERPT_BYTES: usize = 512;
 
+/// What a stored event counts against its namespace's byte budget besides its body (which
+/// is kept, for replays and the history, until the event is pruned): its row, id, type and
+/// index entries. An event that matched no subscription keeps no body and counts only this.
+pub const EVENT_OVERHEAD_BYTES: u64 = 512;
+/// What each of its deliveries counts, with a few attempts' history.
+pub const DELIVERY_OVERHEAD_BYTES: u64 = 256;
+
+/// The bytes an event counts against its namespace's budget (see [`EVENT_OVERHEAD_BYTES`]).
+pub fn stored_cost(body_bytes: u64, deliveries: u64) -> u64 {
+    match deliveries {
+        0 => EVENT_OVERHEAD_BYTES,
+        n => body_bytes + EVENT_OVERHEAD_BYTES + n * DELIVERY_OVERHEAD_BYTES,
+    }
+}
+
 /// How the history marks an attempt whose claim was no longer current when it ended.
 pub const SUPERSEDED: &str = "superseded: the delivery was claimed again while this attempt was on the wire, so its outcome was not applied; ";
 
@@ -491,6 +506,16 @@ pub trait Store: Send + Sync + 'static {
 
     /// Live subscriptions with unfinished deliveries: (uid, namespace, count).
     async fn pending_by_subscription(&self) -> Result<Vec<(String, String, u64)>>;
+
+    /// What each namespace's stored events count against its byte budget ([`stored_cost`]
+    /// of every event kept), by namespace.
+    async fn stored_bytes(&self) -> Result<Vec<(String, u64)>>;
+
+    /// Free space left where the store keeps its data, when the store can tell (the
+    /// embedded store; a PostgreSQL server's disk is not herald's to see).
+    fn free_bytes(&self) -> Option<u64> {
+        None
+    }
 
     async fn list_deliveries(
         &self,

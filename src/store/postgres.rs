@@ -794,6 +794,25 @@ impl Store for PostgresStore {
         .await
     }
 
+    async fn stored_bytes(&self) -> Result<Vec<(String, u64)>> {
+        within(BULK_TIMEOUT, async {
+            // octet_length of a stored bytea reads its size, not the value.
+            let rows = query(
+                "SELECT namespace, sum(CASE WHEN matched = 0 THEN $1
+                                          ELSE octet_length(body) + $1 + matched * $2 END)::bigint
+                 FROM events GROUP BY namespace",
+            )
+            .bind(EVENT_OVERHEAD_BYTES as i64)
+            .bind(DELIVERY_OVERHEAD_BYTES as i64)
+            .fetch_all(&self.reads)
+            .await?;
+            rows.iter()
+                .map(|r| Ok((r.try_get(0)?, count(r, 1)?)))
+                .collect()
+        })
+        .await
+    }
+
     async fn list_deliveries(
         &self,
         uid: &str,

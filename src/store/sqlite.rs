@@ -52,7 +52,13 @@ pub struct SqliteStore {
     /// The last write failed for want of space or I/O: cleared by the next that commits.
     failing: Arc<AtomicBool>,
     reads: std::sync::mpsc::Sender<ReadJob>,
+    /// The folder the database is in, and its free space when last looked at.
+    dir: std::path::PathBuf,
+    free: std::sync::Mutex<Option<(std::time::Instant, u64)>>,
 }
+
+/// How long a look at the folder's free space is used for admission before the next.
+const FREE_SPACE_TTL: std::time::Duration = std::time::Duration::from_millis(250);
 
 /// Read-only connections (threads), each reading in its own transaction.
 pub const READERS: usize = 2;
@@ -187,6 +193,8 @@ impl SqliteStore {
             jobs,
             failing,
             reads,
+            dir: dir.to_path_buf(),
+            free: std::sync::Mutex::new(None),
         })
     }
 
@@ -264,6 +272,18 @@ impl SqliteStore {
             .await
             .map_err(|_| Error::Unavailable("the store's writer has stopped".into()))?
     }
+}
+
+/// Bytes an unprivileged process may still write in the file system holding `dir`.
+#[allow(unsafe_code)]
+fn available_bytes(dir: &Path) -> Option<u64> {
+    use std::os::unix::ffi::OsStrExt;
+    let path = std::ffi::CString::new(dir.as_os_str().as_bytes()).ok()?;
+    // SAFETY: statvfs reads a NUL-terminated path and fills the struct it is given, which
+    // is plain data and zeroed beforehand.
+    let mut stat: libc::statvfs = unsafe { std::mem::zeroed() };
+    let rc = unsafe { libc::statvfs(path.as_ptr(), &mut stat) };
+    (rc == 0).then(|| stat.f_bavail.saturating_mul(stat.f_frsize))
 }
 
 /// A read-only connection to the store the writer opened.
@@ -721,6 +741,36 @@ impl Store for SqliteStore {
             )? as u64)
         })
         .await
+    }
+
+    async fn stored_bytes(&self) -> Result<Vec<(String, u64)>> {
+        self.read(|conn| {
+            // length() of a blob reads its size from the row header, not the blob.
+            let mut stmt = conn.prepare(
+                "SELECT namespace, sum(CASE WHEN matched = 0 THEN ?1
+                                          ELSE length(body) + ?1 + matched * ?2 END)
+                 FROM events GROUP BY namespace",
+            )?;
+            stmt.query_map(
+                params![EVENT_OVERHEAD_BYTES as i64, DELIVERY_OVERHEAD_BYTES as i64],
+                |r| Ok((r.get(0)?, count(r, 1)?)),
+            )?
+            .collect()
+        })
+        .await
+    }
+
+    fn free_bytes(&self) -> Option<u64> {
+        let mut free = self.free.lock().unwrap_or_else(|e| e.into_inner());
+        let now = std::time::Instant::now();
+        match *free {
+            Some((at, bytes)) if now.duration_since(at) < FREE_SPACE_TTL => Some(bytes),
+            _ => {
+                let bytes = available_bytes(&self.dir)?;
+                *free = Some((now, bytes));
+                Some(bytes)
+            }
+        }
     }
 
     async fn pending_by_subscription(&self) -> Result<Vec<(String, String, u64)>> {

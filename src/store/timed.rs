@@ -92,6 +92,12 @@ impl<S: Store> Store for Timed<S> {
     async fn pending_by_subscription(&self) -> Result<Vec<(String, String, u64)>> {
         timed("pending_by_subscription", self.0.pending_by_subscription()).await
     }
+    async fn stored_bytes(&self) -> Result<Vec<(String, u64)>> {
+        timed("stored_bytes", self.0.stored_bytes()).await
+    }
+    fn free_bytes(&self) -> Option<u64> {
+        self.0.free_bytes()
+    }
     async fn list_deliveries(
         &self,
         uid: &str,

@@ -215,6 +215,8 @@ def test_default_deployment_runs_cluster_mode_safely():
     assert env["POD_NAME"] == {"fieldRef": {"fieldPath": "metadata.name"}}
     assert env["HERALD_NAMESPACE_MAX_IN_FLIGHT"] == "256"
     assert env["HERALD_NAMESPACE_MAX_PENDING"] == "1000000"
+    assert env["HERALD_NAMESPACE_MAX_STORED_BYTES"] == "268435456"
+    assert env["HERALD_STORE_RESERVE_BYTES"] == "67108864"
     assert env["HERALD_LOG_LEVEL"] == "info"
     assert env["HERALD_LOG_FORMAT"] == "text"
     assert env["HERALD_TOKEN_AUDIENCE"] == "herald"
@@ -323,11 +325,12 @@ def test_large_numbers_reach_herald_as_integers(tmp_path):
     """Helm reads numbers of a values file as floats; 1000000 must not reach herald as "1e+06"."""
     values = tmp_path / "large.yaml"
     values.write_text("delivery: {maxInFlight: 1000000, historyRetentionHours: 8760000}\n"
-                      "defaultQuota: {maxPendingAttempts: 50000000}\n")
+                      "defaultQuota: {maxPendingAttempts: 50000000, maxStoredBytes: 10000000000}\n")
     objects = render("-f", values)
     env = env_of(find(objects, "Deployment", "herald")["spec"]["template"]["spec"]["containers"][0])
     assert env["HERALD_MAX_IN_FLIGHT"] == "1000000"
     assert env["HERALD_NAMESPACE_MAX_PENDING"] == "50000000"
+    assert env["HERALD_NAMESPACE_MAX_STORED_BYTES"] == "10000000000"
     assert env["HERALD_HISTORY_RETENTION_HOURS"] == "8760000"
 
 
