@@ -639,20 +639,6 @@ fn status_interval() -> u64 {
         .unwrap_or(2)
 }
 
-/// herald_reconcile_total over every result, from /metrics.
-async fn reconciles(herald: &Operator) -> f64 {
-    let text = reqwest::get(format!("{}/metrics", herald.health))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    text.lines()
-        .filter(|l| l.starts_with("herald_reconcile_total{"))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
-}
-
 /// Status writes counted from the API server's side (a watch on the objects) while every
 /// subscription receives a steady stream of events: at most one per subscription per
 /// status interval, plus the reconcile's.
@@ -718,7 +704,7 @@ async fn status_writes_are_coalesced(cp: &ControlPlane, herald: &Operator, recei
         }
     });
     started_rx.await.unwrap();
-    let reconciled_before = reconciles(herald).await;
+    let reconciled_before = herald.metric("herald_reconcile_total", "").await;
 
     let began = Instant::now();
     let producers = 8;
@@ -774,7 +760,7 @@ async fn status_writes_are_coalesced(cp: &ControlPlane, herald: &Operator, recei
     }
     // herald's own status writes come back as watch events; none may start a reconcile (a
     // straggler from the set-up above is tolerated).
-    let reconciled = reconciles(herald).await - reconciled_before;
+    let reconciled = herald.metric("herald_reconcile_total", "").await - reconciled_before;
     assert!(
         reconciled <= 2.0,
         "{reconciled} reconciles during the load, with no spec or Secret changed ({all} status writes)"

@@ -294,21 +294,6 @@ async fn a_deletion_without_the_finalizer_still_fences() {
     );
 }
 
-/// Sum of a counter's series whose labels contain `labels`, from herald's /metrics.
-async fn counter(herald: &Operator, name: &str, labels: &str) -> f64 {
-    let text = reqwest::get(format!("{}/metrics", herald.health))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    text.lines()
-        .filter(|l| l.starts_with(name) && l[name.len()..].starts_with(['{', ' ']))
-        .filter(|l| l.contains(labels))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
-}
-
 /// One producer publishing every 20 ms for `seconds`: each publish's latency, and every
 /// status that was not 202.
 async fn steady_producer(
@@ -468,15 +453,19 @@ async fn garbage_tokens_neither_slow_producers_nor_load_the_api_server() {
         sent / seconds
     );
 
-    let reviews_before = counter(&herald, "herald_access_reviews_total", r#"review="token""#).await;
-    let throttled_before = counter(&herald, "herald_auth_throttled_total", "").await;
+    let reviews_before = herald
+        .metric("herald_access_reviews_total", r#"review="token""#)
+        .await;
+    let throttled_before = herald.metric("herald_auth_throttled_total", "").await;
     let ((flooded, refused), (sent, statuses)) = tokio::join!(
         steady_producer(&herald, &token, "flooded", seconds),
         flood(&herald, true, rate, seconds)
     );
-    let reviews =
-        counter(&herald, "herald_access_reviews_total", r#"review="token""#).await - reviews_before;
-    let throttled = counter(&herald, "herald_auth_throttled_total", "").await - throttled_before;
+    let reviews = herald
+        .metric("herald_access_reviews_total", r#"review="token""#)
+        .await
+        - reviews_before;
+    let throttled = herald.metric("herald_auth_throttled_total", "").await - throttled_before;
     println!(
         "garbage-token flood: {sent} requests ({}/s), answers {statuses:?}; TokenReviews sent {reviews}, requests throttled {throttled}",
         sent / seconds

@@ -156,6 +156,24 @@ impl Operator {
         }
     }
 
+    /// The sum of a metric's series whose labels contain `labels`, from /metrics.
+    pub async fn metric(&self, name: &str, labels: &str) -> f64 {
+        let text = self
+            .http
+            .get(format!("{}/metrics", self.health))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        text.lines()
+            .filter(|l| l.starts_with(name) && l[name.len()..].starts_with(['{', ' ']))
+            .filter(|l| l.contains(labels))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    }
+
     /// A request to the ingest API with an optional bearer token; (status, JSON body).
     pub async fn call(
         &self,
