@@ -1368,3 +1368,129 @@ async fn a_wide_fan_out_does_not_delay_another_tenant_across_replicas() {
         p99(&quiet)
     );
 }
+
+/// Issue 24 item 3: a graceful stop while attempts are on the wire. Two replicas; every
+/// subscription's first attempt is held 8 s by its receiver and then answered 400. SIGTERM
+/// to one replica: it drains before it lets its shards go, so no attempt is sent a second
+/// time while the first is on the wire, and every delivery ends dead with that 400, as its
+/// only attempt said. (Released first, the other replica took the shards, made the held
+/// attempts due again and sent them again; a late answer could land on the new claim.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_graceful_stop_drains_before_its_shards_move() {
+    let Some((cp, pg, receiver, _)) = cluster(0, 0).await else {
+        return;
+    };
+    let ns = "stop";
+    let mut manifests = vec![namespace(LEASES), namespace(ns), secret(ns)];
+    manifests.extend(producer(ns));
+    for i in 0..12 {
+        let path = format!("/held-{i}");
+        receiver.set(&path, Behaviour::SlowStatus(Duration::from_secs(8), 400));
+        manifests.push(subscription(
+            ns,
+            &format!("held-{i}"),
+            &receiver.url(&path),
+            &["*"],
+            json!({"delivery": {"timeout": "30s"}}),
+        ));
+    }
+    cp.apply(&manifests);
+    let mut replicas = vec![
+        replica(&cp, &pg, "replica-0").await,
+        replica(&cp, &pg, "replica-1").await,
+    ];
+    wait_for_holders(&cp, "two replicas share the shards evenly", |h| {
+        h.len() == 12 && h.values().filter(|r| *r == "replica-1").count() == 6
+    })
+    .await;
+    for i in 0..12 {
+        cp.wait_ready(ns, &format!("whsub/held-{i}"));
+    }
+    let shards = loop {
+        let shards = shards_by_status(&cp);
+        if (0..12).all(|i| shards.contains_key(&format!("{ns}/held-{i}"))) {
+            break shards;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    let holders = shard_holders(&cp);
+    let on_stopping = (0..12)
+        .filter(|i| holders[&(shards[&format!("{ns}/held-{i}")] as u32)] == "replica-1")
+        .count();
+    assert!(
+        on_stopping > 0,
+        "no subscription on replica-1's shards: the test would prove nothing"
+    );
+    let token = cp.token(ns, "producer");
+    replicas[0]
+        .publish(ns, &token, json!({"id": "evt-held", "type": "run.started"}))
+        .await;
+    receiver
+        .wait_until(
+            "every first attempt on the wire",
+            Duration::from_secs(30),
+            |hits| hits.len() >= 12,
+        )
+        .await;
+    let stopped_at = Instant::now();
+    let code = replicas[1].terminate(Duration::from_secs(40));
+    let stopped_in = stopped_at.elapsed();
+    assert_eq!(
+        code,
+        Some(0),
+        "replica-1 did not stop cleanly:\n{}",
+        replicas[1].log()
+    );
+    // replica-0 takes the released shards; anything it found due it would send at once.
+    wait_for_holders(&cp, "replica-0 holds every shard", |h| {
+        h.len() == 12 && h.values().all(|r| r == "replica-0")
+    })
+    .await;
+    // Every delivery dead with the 400 its one attempt got, as replica-0 reads it.
+    let reader = {
+        cp.apply(&[
+            json!({"apiVersion": "v1", "kind": "ServiceAccount",
+                   "metadata": {"name": "reader", "namespace": ns}}),
+            json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+                   "metadata": {"name": "reader", "namespace": ns},
+                   "rules": [{"apiGroups": ["herald.dev"], "resources": ["webhooksubscriptions"], "verbs": ["get"]}]}),
+            json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+                   "metadata": {"name": "reader", "namespace": ns},
+                   "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "reader"},
+                   "subjects": [{"kind": "ServiceAccount", "name": "reader", "namespace": ns}]}),
+        ]);
+        cp.token(ns, "reader")
+    };
+    for i in 0..12 {
+        let path = format!("/v1/namespaces/{ns}/subscriptions/held-{i}/attempts?state=all");
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let items = replicas[0]
+                .expect(reqwest::Method::GET, &path, Some(&reader), None, 200)
+                .await;
+            let items = items["items"].as_array().cloned().unwrap_or_default();
+            let done = items.len() == 1
+                && items[0]["state"] == "dead"
+                && items[0]["attempts"] == 1
+                && items[0]["lastAttempt"]["statusCode"] == 400;
+            if done {
+                break;
+            }
+            assert!(Instant::now() < deadline, "held-{i}: {items:?}");
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+    }
+    let hits = receiver.hits();
+    let per_path: BTreeMap<&str, usize> = hits.iter().fold(BTreeMap::new(), |mut m, h| {
+        *m.entry(h.path.as_str()).or_default() += 1;
+        m
+    });
+    eprintln!(
+        "graceful stop with 12 attempts held 8 s ({on_stopping} on the stopping replica's shards): stopped in {:.1} s; attempts per receiver {per_path:?}",
+        stopped_in.as_secs_f64()
+    );
+    assert!(
+        per_path.values().all(|n| *n == 1) && per_path.len() == 12,
+        "an attempt was sent a second time: {per_path:?}"
+    );
+}

@@ -32,6 +32,8 @@ pub enum Behaviour {
     Script(Vec<u16>),
     /// Accept the request and never answer.
     Hang,
+    /// Answer this status after holding the request this long.
+    SlowStatus(Duration, u16),
     /// 302 to another path.
     Redirect(String),
     /// 200 with a body of this many bytes.
@@ -234,7 +236,7 @@ async fn handle(
     let at = Instant::now();
     let behaviour = shared.behaviours.lock().unwrap().get(&path).cloned();
     let status = |s: u16| StatusCode::from_u16(s).unwrap();
-    let response = match behaviour {
+    let response = match behaviour.clone() {
         None => Some(StatusCode::NO_CONTENT.into_response()),
         Some(Behaviour::Status(s)) => Some(status(s).into_response()),
         Some(Behaviour::RetryAfterOnce(s, value)) if seen == 1 => {
@@ -250,6 +252,7 @@ async fn handle(
             Some(status(list[(seen - 1).min(list.len() - 1)]).into_response())
         }
         Some(Behaviour::Hang) => None,
+        Some(Behaviour::SlowStatus(_, s)) => Some(status(s).into_response()),
         Some(Behaviour::Redirect(to)) => {
             Some((StatusCode::FOUND, [("location", to)]).into_response())
         }
@@ -268,6 +271,9 @@ async fn handle(
         answered: response.as_ref().map(|r| r.status().as_u16()),
     });
     shared.changed.notify_waiters();
+    if let Some(Behaviour::SlowStatus(hold, _)) = behaviour {
+        tokio::time::sleep(hold).await;
+    }
     match response {
         Some(response) => response,
         None => std::future::pending().await,
