@@ -33,6 +33,10 @@ pub struct Metrics {
     pub reconciles: IntCounterVec,
     pub reconcile_duration: Histogram,
     pub status_writes: IntCounter,
+    /// TokenReviews and SubjectAccessReviews herald sent, by answer.
+    pub access_reviews: IntCounterVec,
+    /// Ingest requests refused because their client address failed to authenticate too often.
+    pub auth_throttled: IntCounter,
     /// With several replicas: 1 for each shard this replica holds, 0 for the others.
     pub shard_owned: IntGaugeVec,
     /// Only filled with --metrics-subscription-labels.
@@ -108,6 +112,16 @@ static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
             "Status writes made to WebhookSubscriptions.",
         )
         .expect("a valid metric"),
+        access_reviews: counter(
+            "herald_access_reviews_total",
+            "Reviews herald asked the API server for (cluster mode): review=token (authenticated, unauthenticated, error) or subject_access (allowed, denied, error). Cached answers are not counted.",
+            &["review", "result"],
+        ),
+        auth_throttled: IntCounter::new(
+            "herald_auth_throttled_total",
+            "Ingest requests answered 429 because their client address failed to authenticate too often (cluster mode).",
+        )
+        .expect("a valid metric"),
         shard_owned: IntGaugeVec::new(
             Opts::new(
                 "herald_shard_owned",
@@ -135,6 +149,8 @@ static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
         Box::new(metrics.reconciles.clone()),
         Box::new(metrics.reconcile_duration.clone()),
         Box::new(metrics.status_writes.clone()),
+        Box::new(metrics.access_reviews.clone()),
+        Box::new(metrics.auth_throttled.clone()),
         Box::new(metrics.shard_owned.clone()),
     ] {
         registry
@@ -180,6 +196,8 @@ pub fn names() -> Vec<String> {
         &metrics.reconciles,
         &metrics.reconcile_duration,
         &metrics.status_writes,
+        &metrics.access_reviews,
+        &metrics.auth_throttled,
         &metrics.shard_owned,
         &metrics.subscription_attempts,
     ]

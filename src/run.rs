@@ -80,6 +80,11 @@ pub struct RunArgs {
     /// mode ignores it and asks Kubernetes (TokenReview, SubjectAccessReview).
     #[arg(long, env = "HERALD_PUBLISH_TOKEN", hide_env_values = true)]
     publish_token: Option<String>,
+    /// The audience a producer's ServiceAccount token must be issued for (cluster mode:
+    /// `kubectl create token NAME --audience herald`), so a token meant for the API server
+    /// or another service cannot be replayed to herald, nor herald's to them.
+    #[arg(long, env = "HERALD_TOKEN_AUDIENCE", default_value = crate::controller::access_review::DEFAULT_AUDIENCE)]
+    token_audience: String,
     /// CIDR the egress guard lets herald deliver to although it is private, loopback or
     /// otherwise special (repeatable; comma-separated in the environment variable).
     #[arg(
@@ -88,6 +93,15 @@ pub struct RunArgs {
         value_delimiter = ','
     )]
     egress_allow: Vec<ipnet::IpNet>,
+    /// The cluster's pod and service CIDRs (repeatable; comma-separated in the environment
+    /// variable): refused like private addresses unless --egress-allow opens them. Needed on
+    /// IPv6 clusters, whose ranges are often global addresses the guard cannot tell apart.
+    #[arg(
+        long = "cluster-cidr",
+        env = "HERALD_CLUSTER_CIDRS",
+        value_delimiter = ','
+    )]
+    cluster_cidr: Vec<ipnet::IpNet>,
     /// PEM file of CA certificates (it may hold several) herald trusts for HTTPS receivers,
     /// besides the system's roots: for receivers whose certificates a private CA issues.
     /// Read at start.
@@ -225,7 +239,8 @@ impl RunArgs {
             None => Vec::new(),
         };
         let sender = HttpSender::with_extra_roots(
-            EgressPolicy::new(self.egress_allow.clone()),
+            EgressPolicy::new(self.egress_allow.clone())
+                .with_cluster_ranges(self.cluster_cidr.clone()),
             extra_roots,
         )?;
         Ok(Engine::new(
@@ -564,7 +579,7 @@ async fn run_cluster(args: RunArgs) -> anyhow::Result<()> {
     }
     let app = ingest::router(ingest::Api {
         engine: engine.clone(),
-        auth: Arc::new(KubeAuthorizer::new(client)),
+        auth: Arc::new(KubeAuthorizer::new(client, args.token_audience.clone())),
         max_body: args.max_body_bytes,
     });
     let limits = ingest::listener::Limits::from_env(args.max_in_flight)?;

@@ -4,6 +4,7 @@
 
 use async_trait::async_trait;
 use axum::http::HeaderMap;
+use std::net::IpAddr;
 use subtle::ConstantTimeEq;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -21,9 +22,12 @@ pub struct AccessRequest<'a> {
     pub namespace: &'a str,
     pub subscription: Option<&'a str>,
     pub headers: &'a HeaderMap,
+    /// The client's address, when the listener knows it: failed authentications are
+    /// limited per address.
+    pub peer: Option<IpAddr>,
 }
 
-#[derive(Debug, thiserror::Error)]
+#[derive(Clone, Debug, thiserror::Error)]
 pub enum AuthError {
     #[error("{0}")]
     Unauthenticated(String),
@@ -31,6 +35,9 @@ pub enum AuthError {
     Forbidden(String),
     #[error("authorization is unavailable: {0}")]
     Unavailable(String),
+    /// Too many failed authentications from this client address just now.
+    #[error("{0}")]
+    Throttled(String),
 }
 
 #[async_trait]

@@ -15,12 +15,13 @@
 
 use std::convert::Infallible;
 use std::future::Future;
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
 use axum::body::Body;
-use axum::extract::Request;
+use axum::extract::{ConnectInfo, Request};
 use axum::response::Response;
 use futures::StreamExt;
 use hyper_util::rt::{TokioIo, TokioTimer};
@@ -167,15 +168,20 @@ pub async fn serve(
     shutdown: impl Future<Output = ()>,
 ) -> std::io::Result<()> {
     let body_read = limits.body_read;
-    let service =
+    // One service per connection, so every request carries its client's address (axum's
+    // `ConnectInfo`): failed authentications are limited per address.
+    let service = move |peer: SocketAddr| {
+        let app = app.clone();
         hyper::service::service_fn(move |request: hyper::Request<hyper::body::Incoming>| {
             let app = app.clone();
             async move {
-                let request = with_body_deadline(request.map(Body::new), body_read);
+                let mut request = with_body_deadline(request.map(Body::new), body_read);
+                request.extensions_mut().insert(ConnectInfo(peer));
                 let response: Response = tower_call(app, request).await;
                 Ok::<_, Infallible>(response)
             }
-        });
+        })
+    };
     let mut http = hyper::server::conn::http1::Builder::new();
     http.timer(TokioTimer::new())
         .header_read_timeout(limits.header_read)
@@ -204,7 +210,7 @@ pub async fn serve(
                 }
             }
         };
-        let (stream, _peer) = tokio::select! {
+        let (stream, peer) = tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok(accepted) => accepted,
                 Err(e) => {
@@ -220,7 +226,7 @@ pub async fn serve(
         let _ = stream.set_nodelay(true);
         let Some(tls) = &tls else {
             let io = TokioIo::new(JsonParseErrors::new(stream));
-            let connection = http.serve_connection(io, service.clone());
+            let connection = http.serve_connection(io, service(peer));
             let connection = graceful.watch(connection);
             tokio::spawn(async move {
                 let _ = connection.await;
@@ -231,7 +237,7 @@ pub async fn serve(
         // The handshake runs in the connection's task, never in this loop, so a client that
         // stays silent holds only its own place, and only until the header-read timeout.
         let handshake = tls.accept(stream);
-        let (http, service, watcher) = (http.clone(), service.clone(), graceful.watcher());
+        let (http, service, watcher) = (http.clone(), service(peer), graceful.watcher());
         let handshake_timeout = limits.header_read;
         tokio::spawn(async move {
             match tokio::time::timeout(handshake_timeout, handshake).await {

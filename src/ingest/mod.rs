@@ -6,10 +6,13 @@ pub mod auth;
 pub mod listener;
 mod parse_errors;
 
+use std::convert::Infallible;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 
 use axum::body::Body;
-use axum::extract::{FromRequestParts, State};
+use axum::extract::{ConnectInfo, FromRequestParts, State};
+use axum::http::request::Parts;
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -81,6 +84,14 @@ impl From<AuthError> for ApiError {
             AuthError::Unavailable(m) => {
                 Self::new(StatusCode::SERVICE_UNAVAILABLE, "auth_unavailable", m)
             }
+            AuthError::Throttled(m) => ApiError {
+                retry_after: Some(1),
+                ..Self::new(
+                    StatusCode::TOO_MANY_REQUESTS,
+                    "too_many_failed_authentications",
+                    m,
+                )
+            },
         }
     }
 }
@@ -205,12 +216,27 @@ fn check_namespace(namespace: &str) -> ApiResult<()> {
     })
 }
 
+/// The client's address, which the listener puts on every request as axum's
+/// `ConnectInfo`; absent when the router is called directly (unit tests).
+#[derive(Clone, Copy, Debug)]
+struct Peer(Option<IpAddr>);
+
+impl<S: Send + Sync> FromRequestParts<S> for Peer {
+    type Rejection = Infallible;
+
+    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, Self::Rejection> {
+        let peer = parts.extensions.get::<ConnectInfo<SocketAddr>>();
+        Ok(Peer(peer.map(|info| info.0.ip())))
+    }
+}
+
 async fn authorize(
     api: &Api,
     verb: Verb,
     namespace: &str,
     subscription: Option<&str>,
     headers: &HeaderMap,
+    peer: Peer,
 ) -> ApiResult<()> {
     check_namespace(namespace)?;
     api.auth
@@ -219,6 +245,7 @@ async fn authorize(
             namespace,
             subscription,
             headers,
+            peer: peer.0,
         })
         .await
         .map_err(ApiError::from)
@@ -309,10 +336,11 @@ fn bad_request(code: &'static str, message: impl Into<String>) -> ApiError {
 async fn publish(
     State(api): State<Api>,
     Path(namespace): Path<String>,
+    peer: Peer,
     headers: HeaderMap,
     body: Body,
 ) -> ApiResult<Response> {
-    authorize(&api, Verb::Publish, &namespace, None, &headers).await?;
+    authorize(&api, Verb::Publish, &namespace, None, &headers, peer).await?;
     let too_large = || {
         ApiError::new(
             StatusCode::PAYLOAD_TOO_LARGE,
@@ -360,9 +388,10 @@ async fn list_attempts(
     State(api): State<Api>,
     Path((namespace, name)): Path<(String, String)>,
     Query(query): Query<ListQuery>,
+    peer: Peer,
     headers: HeaderMap,
 ) -> ApiResult<Json<serde_json::Value>> {
-    authorize(&api, Verb::Read, &namespace, Some(&name), &headers).await?;
+    authorize(&api, Verb::Read, &namespace, Some(&name), &headers, peer).await?;
     let filter = match query.state.as_deref().unwrap_or("all") {
         "dead" => StateFilter::Dead,
         "pending" => StateFilter::Pending,
@@ -382,9 +411,10 @@ async fn list_attempts(
 async fn event_attempts(
     State(api): State<Api>,
     Path((namespace, name, event_id)): Path<(String, String, String)>,
+    peer: Peer,
     headers: HeaderMap,
 ) -> ApiResult<Json<serde_json::Value>> {
-    authorize(&api, Verb::Read, &namespace, Some(&name), &headers).await?;
+    authorize(&api, Verb::Read, &namespace, Some(&name), &headers, peer).await?;
     let items = api.engine.attempts(&namespace, &name, &event_id).await?;
     Ok(Json(json!({"items": items})))
 }
@@ -392,9 +422,10 @@ async fn event_attempts(
 async fn subscription_state(
     State(api): State<Api>,
     Path((namespace, name)): Path<(String, String)>,
+    peer: Peer,
     headers: HeaderMap,
 ) -> ApiResult<Json<serde_json::Value>> {
-    authorize(&api, Verb::Read, &namespace, Some(&name), &headers).await?;
+    authorize(&api, Verb::Read, &namespace, Some(&name), &headers, peer).await?;
     let state = api.engine.state(&namespace, &name).await?;
     Ok(Json(serde_json::to_value(state).unwrap_or_default()))
 }
@@ -408,10 +439,11 @@ struct ReplayRequest {
 async fn replay(
     State(api): State<Api>,
     Path((namespace, name)): Path<(String, String)>,
+    peer: Peer,
     headers: HeaderMap,
     body: Body,
 ) -> ApiResult<Json<serde_json::Value>> {
-    authorize(&api, Verb::Manage, &namespace, Some(&name), &headers).await?;
+    authorize(&api, Verb::Manage, &namespace, Some(&name), &headers, peer).await?;
     let bytes = axum::body::to_bytes(body, api.max_body)
         .await
         .map_err(|e| {
@@ -444,9 +476,10 @@ async fn replay(
 async fn enable(
     State(api): State<Api>,
     Path((namespace, name)): Path<(String, String)>,
+    peer: Peer,
     headers: HeaderMap,
 ) -> ApiResult<Json<serde_json::Value>> {
-    authorize(&api, Verb::Manage, &namespace, Some(&name), &headers).await?;
+    authorize(&api, Verb::Manage, &namespace, Some(&name), &headers, peer).await?;
     let state = api.engine.enable(&namespace, &name).await?;
     Ok(Json(serde_json::to_value(state).unwrap_or_default()))
 }

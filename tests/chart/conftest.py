@@ -142,9 +142,12 @@ class ControlPlane:
         # The serviceaccount controller creates "default"; tokens need the namespace ready.
         wait_until(f"namespace {name} ready", lambda: self.exists("serviceaccount", "default", "-n", name))
 
-    def token(self, namespace, service_account, duration="1h"):
+    def token(self, namespace, service_account, duration="1h", audience=None):
+        """A ServiceAccount token: for the API server, or for `audience` (producers and
+        readers of herald's API get theirs for audience "herald")."""
+        extra = ["--audience", audience] if audience else []
         return self.kubectl("create", "token", service_account, "-n", namespace,
-                            f"--duration={duration}").stdout.strip()
+                            f"--duration={duration}", *extra).stdout.strip()
 
     def server(self):
         config = yaml.safe_load(self.kubeconfig.read_text())

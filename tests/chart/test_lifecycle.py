@@ -71,12 +71,14 @@ def test_tenant_roles_are_aggregated_into_edit_admin_and_view(cp, release):
 def test_upgrade_with_changed_values(cp, release):
     cp.helm("upgrade", "herald", CHART, "--namespace", "herald-system",
             "--set", "log.level=debug", "--set", "defaultQuota.maxInFlight=64",
-            "--set", "watchNamespaces={team-a}", "--set", "egress.allow={10.20.0.0/16}")
+            "--set", "watchNamespaces={team-a}", "--set", "egress.allow={10.20.0.0/16}",
+            "--set", "egress.clusterCIDRs={2001:db8:42::/56,2001:db8:43::/112}")
     env = env_of(cp.get_json("deployment", "herald", "-n", "herald-system"))
     assert env["HERALD_LOG_LEVEL"] == "debug"
     assert env["HERALD_NAMESPACE_MAX_IN_FLIGHT"] == "64"
     assert env["HERALD_WATCH_NAMESPACE"] == "team-a"
     assert env["HERALD_EGRESS_ALLOW"] == "10.20.0.0/16"
+    assert env["HERALD_CLUSTER_CIDRS"] == "2001:db8:42::/56,2001:db8:43::/112"
     # herald's rights moved into team-a; the cluster-wide role kept only the reviews.
     assert cp.exists("role", "herald", "-n", "team-a")
     assert cp.exists("rolebinding", "herald", "-n", "team-a")

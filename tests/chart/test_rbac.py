@@ -209,7 +209,7 @@ def service_account(cp, namespace, name, cluster_role=None):
                   "metadata": {"name": f"{name}-{cluster_role}", "namespace": namespace},
                   "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": cluster_role},
                   "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": namespace}]})
-    return cp.token(namespace, name)
+    return cp.token(namespace, name, audience="herald")
 
 
 def subscription(name, url, namespace="shop"):
@@ -352,9 +352,11 @@ def test_only_herald_publisher_lets_a_producer_publish_through_herald(installed,
     assert answers == {"publisher": 202, "editor": 403, "viewer": 403, "nobody": 403}
     # Bound in shop, so not in other.
     assert herald.publish(tokens["publisher"], "other")[0] == 403
-    # No token, or one the API server does not know: 401.
+    # No token, one the API server does not know, or one issued for the API server rather
+    # than for herald: 401.
     assert herald.publish(None, "shop")[0] == 401
     assert herald.publish("not-a-token", "shop")[0] == 401
+    assert herald.publish(cp.token("shop", "publisher"), "shop")[0] == 401
 
     # Reading a subscription through herald needs `get` (view, edit); replay and enable
     # need `patch` (edit only).

@@ -217,7 +217,9 @@ def test_default_deployment_runs_cluster_mode_safely():
     assert env["HERALD_NAMESPACE_MAX_PENDING"] == "1000000"
     assert env["HERALD_LOG_LEVEL"] == "info"
     assert env["HERALD_LOG_FORMAT"] == "text"
+    assert env["HERALD_TOKEN_AUDIENCE"] == "herald"
     assert "HERALD_WATCH_NAMESPACE" not in env and "HERALD_EGRESS_ALLOW" not in env
+    assert "HERALD_CLUSTER_CIDRS" not in env
     assert pod["terminationGracePeriodSeconds"] > int(env["HERALD_SHUTDOWN_TIMEOUT_SECONDS"])
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
     assert ports == {"ingest": 8080, "metrics": 9090}
@@ -269,6 +271,8 @@ def test_all_options_reach_the_objects():
     env = env_of(container)
     assert env["HERALD_WATCH_NAMESPACE"] == "team-a,team-b"
     assert env["HERALD_EGRESS_ALLOW"] == "10.20.0.0/16,fd00::/8"
+    assert env["HERALD_CLUSTER_CIDRS"] == "2001:db8:42::/56,2001:db8:43::/112"
+    assert env["HERALD_TOKEN_AUDIENCE"] == "webhooks.example.com"
     assert env["HERALD_NAMESPACE_MAX_IN_FLIGHT"] == "64"
     assert env["HERALD_SHUTDOWN_TIMEOUT_SECONDS"] == "40"
     assert env["RUST_BACKTRACE"] == "1"
@@ -523,7 +527,7 @@ def test_notes_tell_how_to_subscribe_publish_and_read_status():
     out = helm("install", "herald", CHART, "--namespace", "herald-system", "--dry-run=client").stdout
     notes = out[out.index("NOTES:"):]
     for needle in ("kind: WebhookSubscription", "kubectl wait --for=condition=Ready",
-                   "--clusterrole=herald-publisher", "kubectl create token producer",
+                   "--clusterrole=herald-publisher", "kubectl create token producer -n shop --audience herald",
                    "http://herald.herald-system.svc:8080/v1/namespaces/shop/events",
                    "kubectl describe whsub", "watchNamespaces", "egress.allow",
                    "kubectl apply --server-side -f crds/"):

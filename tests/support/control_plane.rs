@@ -176,8 +176,25 @@ impl ControlPlane {
         ]);
     }
 
-    /// A token of a ServiceAccount (`kubectl create token`).
+    /// A token of a ServiceAccount for herald's audience, as producers and readers get
+    /// theirs (`kubectl create token NAME --audience herald`).
     pub fn token(&self, namespace: &str, service_account: &str) -> String {
+        self.kubectl_ok(&[
+            "create",
+            "token",
+            service_account,
+            "-n",
+            namespace,
+            "--audience",
+            "herald",
+        ])
+        .trim()
+        .to_string()
+    }
+
+    /// A token of a ServiceAccount for the API server's own audience (what
+    /// `kubectl create token` gives without `--audience`).
+    pub fn api_token(&self, namespace: &str, service_account: &str) -> String {
         self.kubectl_ok(&["create", "token", service_account, "-n", namespace])
             .trim()
             .to_string()
