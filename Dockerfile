@@ -45,6 +45,7 @@ RUN touch src/main.rs src/lib.rs \
 FROM scratch AS prebuilt
 COPY target/image/rootfs/ /rootfs/
 
+# checkov:skip=CKV_DOCKER_7:this FROM names a stage of this file (build or prebuilt), not an image; the one image pulled, rust above, is pinned (hadolint and tests/chart check it)
 FROM ${ROOTFS} AS rootfs
 
 # ---- run -------------------------------------------------------------------------------
@@ -62,7 +63,10 @@ ENV HERALD_LISTEN=0.0.0.0:8080 \
     HERALD_DATA_DIR=/var/lib/herald
 # Ingest API; /healthz, /readyz and /metrics.
 EXPOSE 8080 9090
-VOLUME ["/var/lib/herald"]
+# No VOLUME: on Kubernetes the runtime would quietly make an unnamed directory for it
+# (containerd does), and a store there dies with the container. Mount the store's volume at
+# /var/lib/herald (the chart mounts its PersistentVolumeClaim; `docker run -v`); without
+# one, a read-only root filesystem makes herald stop at start with the reason.
 ENTRYPOINT ["/usr/local/bin/herald"]
 # The operator (cluster mode). Standalone is one flag away: `run --standalone --config DIR`.
 CMD ["run"]
