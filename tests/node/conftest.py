@@ -16,6 +16,7 @@ import json
 import os
 import shlex
 import shutil
+import signal
 import ssl
 import subprocess
 import tempfile
@@ -38,6 +39,15 @@ CACHE = Path(os.environ.get("HERALD_CACHE_DIR", Path.home() / ".cache" / "herald
 # The restricted Pod Security Standard, enforced (and warned about) in every namespace here.
 RESTRICTED = {"pod-security.kubernetes.io/enforce": "restricted",
               "pod-security.kubernetes.io/warn": "restricted"}
+
+
+def _terminated(signum, frame):
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+# SIGTERM (the test command stopping early, a CI time-out) unwinds like Ctrl-C, so that the
+# node is torn down (its processes, pods, mounts, network) by the fixtures' finalizers.
+signal.signal(signal.SIGTERM, _terminated)
 
 
 def run(args, env=None, check=True, timeout=300, input=None):

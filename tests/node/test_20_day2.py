@@ -55,12 +55,18 @@ def test_delete_pod_lets_attempts_on_the_wire_finish(cluster, images, shop):
     assert "stopped" in out, out[-3000:]
 
 
-def test_helm_upgrade_changes_a_value(cluster, images, shop, release):
+def test_helm_upgrade_changes_a_value_while_publishing(cluster, images, shop, release):
     old = the_pod(cluster)
-    cluster.helm("upgrade", "herald", CHART, "--namespace", NS, "--reuse-values",
-                 "--set", "log.level=debug", "--wait", "--timeout", "240s", timeout=300)
-    wait_until("the upgraded Pod Ready", lambda: [p for p in ready_pods(cluster) if p["metadata"]["name"] != old],
-               timeout=180)
+
+    def upgrade():
+        cluster.helm("upgrade", "herald", CHART, "--namespace", NS, "--reuse-values",
+                     "--set", "log.level=debug", "--wait", "--timeout", "240s", timeout=300)
+        wait_until("the upgraded Pod Ready",
+                   lambda: [p for p in ready_pods(cluster) if p["metadata"]["name"] != old], timeout=180)
+
+    c = steady_publishing(cluster, images, shop, "upgrade", upgrade)
+    describe("helm upgrade (log.level=debug)", c)
+    assert c["arrived"] >= c["acknowledged"] > 0
     (pod,) = ready_pods(cluster)
     (container,) = pod["spec"]["containers"]
     env = {e["name"]: e.get("value") for e in container["env"]}
@@ -68,9 +74,6 @@ def test_helm_upgrade_changes_a_value(cluster, images, shop, release):
     assert " DEBUG " in cluster.logs(NS, pod["metadata"]["name"])
     # The tenant's subscription and the store's claim survived the upgrade.
     assert subscription_ready(cluster, TENANT, "orders")
-    c = steady_publishing(cluster, images, shop, "upgrade", lambda: None)
-    describe("after helm upgrade", c)
-    assert c["arrived"] >= c["acknowledged"] > 0
 
 
 def test_helm_uninstall_leaves_only_the_crds(cluster, shop):

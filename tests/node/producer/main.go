@@ -7,6 +7,7 @@
 //	ack <id> <ms>        herald acknowledged the event (it is stored: it must arrive)
 //	retry <id> <why>     not acknowledged yet (herald restarting, connection refused, ...)
 //	gaveup <id>          not acknowledged within RETRY_SECONDS
+//	control <error>      CONTROL_URL did not answer (each new error once)
 //	done published=<n> acked=<n> gaveup=<n>
 //
 // Environment: INGEST_URL (http://host:port), NAMESPACE, TOKEN_FILE, EVENT_TYPE, PREFIX (ids
@@ -62,13 +63,21 @@ func main() {
 	lastControl := time.Time{}
 	next := time.Now()
 
+	// The control endpoint has a client of its own with a short timeout: a slow answer
+	// there must not slow publishing. Its errors are printed (each new one once).
+	controlClient := &http.Client{Timeout: 2 * time.Second}
+	lastControlError := ""
 	stopped := func() bool {
 		if control == "" || time.Since(lastControl) < time.Second {
 			return false
 		}
 		lastControl = time.Now()
-		resp, err := client.Get(control)
+		resp, err := controlClient.Get(control)
 		if err != nil {
+			if err.Error() != lastControlError {
+				lastControlError = err.Error()
+				fmt.Printf("control %s\n", strings.ReplaceAll(err.Error(), "\n", " "))
+			}
 			return false
 		}
 		defer resp.Body.Close()
