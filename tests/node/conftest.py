@@ -469,7 +469,9 @@ def steady_publishing(cluster, images, shop, prefix, action, rate=20):
     counts = {"published": result["published"], "acknowledged": len(acked),
               "arrived": len(set(delivered)), "duplicates": len(delivered) - len(set(delivered)),
               "overlapping": len([i for i in receiver.overlaps if i.startswith(f"{prefix}-")]),
-              "retries": len(result["retries"]), "gap": gap, "action_seconds": action_seconds}
+              "retries": len(result["retries"]), "gap": gap, "action_seconds": action_seconds,
+              # Why the producer had to retry (herald restarting): each distinct reason once.
+              "why": sorted({" ".join(r.split()[2:])[:160] for r in result["retries"]})[:4]}
     assert not receiver.bad, receiver.bad[:5]
     cluster.kubectl("delete", "pod", name, "-n", TENANT, "--wait=false")
     return counts
@@ -479,7 +481,8 @@ def describe(what, c):
     report(f"{what}: published {c['published']}, acknowledged {c['acknowledged']}, arrived "
            f"{c['arrived']}, duplicates {c['duplicates']} (while the first attempt was on the wire: "
            f"{c['overlapping']}), producer retries {c['retries']}, longest gap in arrivals "
-           f"{c['gap']:.1f}s, the operation took {c['action_seconds']:.1f}s")
+           f"{c['gap']:.1f}s, the operation took {c['action_seconds']:.1f}s; retried for: "
+           f"{'; '.join(c['why']) or 'nothing'}")
 
 
 @pytest.fixture(scope="session")

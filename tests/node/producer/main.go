@@ -12,7 +12,8 @@
 //
 // Environment: INGEST_URL (http://host:port), NAMESPACE, TOKEN_FILE, EVENT_TYPE, PREFIX (ids
 // are PREFIX-1, PREFIX-2, ...), RATE (events per second), MAX (events at most), CONTROL_URL
-// (optional: polled about once a second; the body "stop" ends publishing), RETRY_SECONDS.
+// (optional: polled about once a second; the body "stop" ends publishing), RETRY_SECONDS,
+// TIMEOUT_SECONDS (3: a publish without an answer by then is sent again).
 package main
 
 import (
@@ -57,7 +58,10 @@ func main() {
 		os.Exit(2)
 	}
 	url := fmt.Sprintf("%s/v1/namespaces/%s/events", ingest, namespace)
-	client := &http.Client{Timeout: 10 * time.Second}
+	// herald answers a publish in milliseconds; a request that has no answer within this
+	// went to a Pod that is gone (while a rollout moves the Service's endpoints a connection
+	// attempt can be sent to a Pod whose network was just removed), and is sent again.
+	client := &http.Client{Timeout: time.Duration(number("TIMEOUT_SECONDS", 3) * float64(time.Second))}
 	interval := time.Duration(float64(time.Second) / rate)
 	published, acked, gaveUp := 0, 0, 0
 	lastControl := time.Time{}
