@@ -1208,3 +1208,163 @@ async fn throughput_with_one_and_three_replicas() {
         );
     }
 }
+
+/// Issue 24 item 6: one tenant's events go to 200 subscriptions (wildcards, paused, so that
+/// nothing is sent and only the notices are at work) at 50 events a second; another
+/// tenant's deliveries that cross replicas (published to one replica, whose shard another
+/// holds, so only the store's notice wakes the lane) stay prompt. A notice too long to
+/// name 200 subscriptions once said "look at everything", and every replica then rescanned
+/// every unfinished delivery, serially, per publish, behind an unbounded queue of notices.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wide_fan_out_does_not_delay_another_tenant_across_replicas() {
+    let Some((cp, pg, receiver, _)) = cluster(0, 0).await else {
+        return;
+    };
+    let mut manifests = vec![namespace(LEASES)];
+    for ns in ["wild", "calm"] {
+        manifests.extend([namespace(ns), secret(ns)]);
+        manifests.extend(producer(ns));
+    }
+    for i in 0..200 {
+        manifests.push(subscription(
+            "wild",
+            &format!("w{i}"),
+            &receiver.url("/wild"),
+            &["*"],
+            json!({"paused": true}),
+        ));
+    }
+    for i in 0..10 {
+        manifests.push(subscription(
+            "calm",
+            &format!("c{i}"),
+            &receiver.url(&format!("/calm/c{i}")),
+            &["calm.ping"],
+            json!({}),
+        ));
+    }
+    cp.apply(&manifests);
+    let ids = ["replica-0", "replica-1"];
+    let replicas = [
+        replica(&cp, &pg, ids[0]).await,
+        replica(&cp, &pg, ids[1]).await,
+    ];
+    wait_for_holders(&cp, "shards spread over two replicas", |h| {
+        h.len() == 12 && h.values().collect::<HashSet<_>>().len() == 2
+    })
+    .await;
+    for i in 0..10 {
+        cp.wait_ready("calm", &format!("whsub/c{i}"));
+    }
+    // Every subscription has its shard in its status once its holder has written it.
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let shards = loop {
+        let shards = shards_by_status(&cp);
+        if shards.len() == 210 {
+            break shards;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{} of 210 statuses",
+            shards.len()
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
+    let holders = shard_holders(&cp);
+    let holder_of = |name: &str| {
+        let shard = shards[&format!("calm/{name}")] as u32;
+        ids.iter().position(|id| holders[&shard] == *id).unwrap()
+    };
+    let calm_token = cp.token("calm", "producer");
+    let wild_token = cp.token("wild", "producer");
+
+    // Calm events every 100 ms, to each replica in turn: (event id, replica, when).
+    let calm = |phase: &'static str, seconds: u64| {
+        let (replicas, token) = (&replicas, &calm_token);
+        async move {
+            let mut sent = Vec::new();
+            let mut tick = tokio::time::interval(Duration::from_millis(100));
+            for n in 0..seconds * 10 {
+                tick.tick().await;
+                let id = format!("{phase}-{n}");
+                let to = (n % 2) as usize;
+                let at = Instant::now();
+                replicas[to]
+                    .publish("calm", token, json!({"id": id, "type": "calm.ping"}))
+                    .await;
+                sent.push((id, to, at));
+            }
+            sent
+        }
+    };
+    let wild = |seconds: u64| {
+        let (replicas, token) = (&replicas, &wild_token);
+        async move {
+            let mut tick = tokio::time::interval(Duration::from_millis(20));
+            for n in 0..seconds * 50 {
+                tick.tick().await;
+                replicas[(n % 2) as usize]
+                    .publish("wild", token, json!({"type": format!("wild.{n}")}))
+                    .await;
+            }
+        }
+    };
+    let quiet = calm("quiet", 3).await;
+    let (loaded, ()) = tokio::join!(calm("loaded", 10), wild(10));
+
+    // Publish → arrival of every calm delivery whose lane is on the other replica.
+    let expected = 10 * (quiet.len() + loaded.len());
+    let hits = receiver
+        .wait_until("every calm delivery", Duration::from_secs(60), |hits| {
+            hits.iter().filter(|h| h.path.starts_with("/calm/")).count() >= expected
+        })
+        .await;
+    let crossing = |sent: &[(String, usize, Instant)]| {
+        let mut latencies = Vec::new();
+        for hit in hits.iter().filter(|h| h.path.starts_with("/calm/")) {
+            let name = hit.path.trim_start_matches("/calm/");
+            if let Some((_, to, at)) = sent.iter().find(|(id, ..)| id == hit.header("webhook-id"))
+                && holder_of(name) != *to
+            {
+                latencies.push(hit.at.duration_since(*at));
+            }
+        }
+        latencies.sort();
+        latencies
+    };
+    let (quiet, loaded) = (crossing(&quiet), crossing(&loaded));
+    assert!(
+        !quiet.is_empty() && !loaded.is_empty(),
+        "no calm subscription is on the replica it was not published to"
+    );
+    let p99 = |l: &[Duration]| l[(l.len() * 99 / 100).min(l.len() - 1)];
+    let wild_pending: i64 = {
+        use sqlx_core::row::Row;
+        let pool = sqlx_postgres::PgPool::connect(&pg.url).await.unwrap();
+        let row = sqlx_core::query::query("SELECT count(*) FROM deliveries WHERE state = 0")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+        pool.close().await;
+        row.try_get(0).unwrap()
+    };
+    eprintln!(
+        "cross-replica publish → arrival of the calm tenant: quiet p50 {:?} p99 {:?} ({} deliveries); beside 500 events to 200 wildcard subscriptions ({wild_pending} deliveries pending) p50 {:?} p99 {:?} ({} deliveries)",
+        quiet[quiet.len() / 2],
+        p99(&quiet),
+        quiet.len(),
+        loaded[loaded.len() / 2],
+        p99(&loaded),
+        loaded.len()
+    );
+    assert!(
+        wild_pending >= 50_000,
+        "only {wild_pending} deliveries pending for the wild tenant: the load did not happen"
+    );
+    assert!(
+        p99(&loaded) < Duration::from_millis(1_000),
+        "the calm tenant's cross-replica p99 rose to {:?} (quiet: {:?})",
+        p99(&loaded),
+        p99(&quiet)
+    );
+}

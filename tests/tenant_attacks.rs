@@ -445,7 +445,7 @@ async fn garbage_tokens_neither_slow_producers_nor_load_the_api_server() {
         .await;
     assert_eq!(status, 401, "{answer}");
     assert!(
-        answer["message"]
+        answer["error"]["message"]
             .as_str()
             .is_some_and(|m| m.contains("--audience herald")),
         "{answer}"

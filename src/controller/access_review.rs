@@ -273,17 +273,29 @@ impl State {
         }
     }
 
-    /// The TokenReview for `token`, shared with any identical one in flight.
+    /// The TokenReview for `token`, shared with any identical one in flight. Only a review
+    /// that starts is charged to the client's address (unless the token authenticated
+    /// before), so many requests at once with one new token cost one review and one charge.
     async fn token_review(
         self: &Arc<Self>,
         token_key: [u8; 32],
         token: &str,
+        peer: Option<IpAddr>,
     ) -> Result<Option<UserInfo>, AuthError> {
         let review = {
             let mut in_flight = lock(&self.token_reviews);
             match in_flight.get(&token_key) {
                 Some(review) => review.clone(),
                 None => {
+                    let address = address_key(peer);
+                    let known = lock(&self.known).get(&token_key).is_some();
+                    if !known && !self.take_failure(address) {
+                        crate::metrics::get().auth_throttled.inc();
+                        return Err(AuthError::Throttled(format!(
+                            "too many requests from {address} with tokens that did not \
+                             authenticate; try again in a few seconds"
+                        )));
+                    }
                     let state = self.clone();
                     let request = TokenReview {
                         spec: TokenReviewSpec {
@@ -296,11 +308,13 @@ impl State {
                     // in-flight map even when every client waiting for it has gone.
                     let review = spawned(async move {
                         let answer = state.reviews.token(request).await;
-                        lock(&state.token_reviews).remove(&token_key);
+                        // Leaves the in-flight map only once its answer is cached, so that no
+                        // client finds neither and asks again.
                         let status = match answer {
                             Ok(answer) => answer.status,
                             Err(e) => {
                                 count("token", "error");
+                                lock(&state.token_reviews).remove(&token_key);
                                 return Err(e);
                             }
                         };
@@ -322,7 +336,20 @@ impl State {
                                 "unauthenticated"
                             },
                         );
+                        match (&user, known) {
+                            // Tokens that authenticate cost their address nothing.
+                            (Some(_), false) => {
+                                state.give_back(address);
+                                lock(&state.known).put(token_key, ());
+                            }
+                            // Expired or revoked since: charged like any other from now on.
+                            (None, true) => {
+                                lock(&state.known).pop(&token_key);
+                            }
+                            _ => {}
+                        }
                         state.users.put(token_key, user.clone(), user.is_some());
+                        lock(&state.token_reviews).remove(&token_key);
                         Ok(user)
                     });
                     in_flight.insert(token_key, review.clone());
@@ -341,30 +368,7 @@ impl State {
         let token_key = key(&[b"token", token.as_bytes()]);
         let user = match self.users.get(&token_key) {
             Some(user) => user,
-            None => {
-                let address = address_key(peer);
-                let known = lock(&self.known).get(&token_key).is_some();
-                if !known && !self.take_failure(address) {
-                    crate::metrics::get().auth_throttled.inc();
-                    return Err(AuthError::Throttled(format!(
-                        "too many requests from {address} with tokens that did not authenticate; \
-                         try again in a few seconds"
-                    )));
-                }
-                let user = self.token_review(token_key, token).await;
-                match &user {
-                    Ok(Some(_)) if !known => {
-                        self.give_back(address);
-                        lock(&self.known).put(token_key, ());
-                    }
-                    Ok(None) if known => {
-                        // Expired or revoked since: throttled like any other from now on.
-                        lock(&self.known).pop(&token_key);
-                    }
-                    _ => {}
-                }
-                user?
-            }
+            None => self.token_review(token_key, token, peer).await?,
         };
         user.ok_or_else(|| {
             AuthError::Unauthenticated(format!(
@@ -393,16 +397,17 @@ impl State {
                     };
                     let review = spawned(async move {
                         let answer = state.reviews.access(request).await;
-                        lock(&state.access_reviews).remove(&decision_key);
                         let allowed = match answer {
                             Ok(answer) => answer.status.is_some_and(|s| s.allowed),
                             Err(e) => {
                                 count("subject_access", "error");
+                                lock(&state.access_reviews).remove(&decision_key);
                                 return Err(e);
                             }
                         };
                         count("subject_access", if allowed { "allowed" } else { "denied" });
                         state.decisions.put(decision_key, allowed, allowed);
+                        lock(&state.access_reviews).remove(&decision_key);
                         Ok(allowed)
                     });
                     in_flight.insert(decision_key, review.clone());
@@ -681,6 +686,27 @@ mod tests {
         }
         assert_eq!(fake.token_reviews.load(Ordering::SeqCst), 2);
         assert_eq!(fake.access_reviews.load(Ordering::SeqCst), 1);
+    }
+
+    /// 32 producers sharing one new token start at once from one address (more than the
+    /// address's burst): they join one review and are charged once, none is throttled.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_new_token_used_by_many_at_once_is_charged_once() {
+        let fake = Arc::new(Fake {
+            delay: Duration::from_millis(300),
+            ..Default::default()
+        });
+        let auth = Arc::new(authorizer(&fake));
+        let calls: Vec<_> = (0..32)
+            .map(|_| {
+                let auth = auth.clone();
+                tokio::spawn(async move { publish(&auth, "good-new", "10.2.0.1").await })
+            })
+            .collect();
+        for call in calls {
+            call.await.unwrap().unwrap();
+        }
+        assert_eq!(fake.token_reviews.load(Ordering::SeqCst), 1);
     }
 
     #[tokio::test(start_paused = true)]

@@ -336,10 +336,13 @@ impl ShardLeases {
                     None => self.create(shard, now).await,
                 };
                 if let Some(epoch) = taken {
+                    // The history says when the taking was recorded: a round that began
+                    // before the process was paused would otherwise date it before the pause.
+                    let recorded_ms = Timestamp::now().as_millisecond();
                     match self
                         .engine
                         .store()
-                        .take_shard(shard, &self.config.identity, epoch, now.as_millisecond())
+                        .take_shard(shard, &self.config.identity, epoch, recorded_ms)
                         .await
                     {
                         Ok(true) => {

@@ -13,7 +13,7 @@ use super::clock::now_ms;
 
 use serde::Serialize;
 use serde_json::value::RawValue;
-use tokio::sync::{Notify, broadcast, mpsc};
+use tokio::sync::{Notify, broadcast};
 use tracing::Instrument;
 
 use super::SubscriptionConfig;
@@ -24,7 +24,7 @@ use super::retry::{self, Decision};
 use super::scheduler::Scheduler;
 use super::shards::Ownership;
 use crate::store::{
-    self, AttemptRecord, Claim, Claimed, DeliveryView, NewEvent, NewWork, Next, PublishResult,
+    self, AttemptRecord, Claim, Claimed, DeliveryView, NewEvent, NewWorkFeed, Next, PublishResult,
     ShardFence, StateFilter, Store, SubscriptionRecord, SubscriptionState,
 };
 
@@ -110,6 +110,12 @@ pub enum EngineError {
         "namespace {namespace} already has {limit} publishes waiting for the store; try again shortly"
     )]
     Busy { namespace: String, limit: u32 },
+    #[error("namespace {namespace} {why}; try again in {retry_after}s")]
+    ReadBusy {
+        namespace: String,
+        why: String,
+        retry_after: u32,
+    },
     #[error(transparent)]
     Store(#[from] store::Error),
 }
@@ -132,7 +138,33 @@ struct Inner {
     pending_limits: HashMap<String, u64>,
     /// Publishes in progress per namespace (fair admission).
     admission: Admission,
+    /// Reads through the API in progress per namespace ([`READS_PER_NAMESPACE`]).
+    reads: Admission,
+    /// Rows each namespace may still read through the API, and when that was reckoned
+    /// ([`READ_ROWS_PER_SECOND`]).
+    read_budgets: HashMap<String, (f64, std::time::Instant)>,
+    /// Subscription states read through the API, by uid, for [`STATE_TTL`].
+    states: HashMap<Arc<str>, (std::time::Instant, SubscriptionState)>,
 }
+
+/// Reads through the API (a subscription's state, its deliveries, an event's attempts) one
+/// namespace may have in progress at once; more are answered 429 `read_busy` at once. Reads
+/// run beside the writing path, not in it, and this keeps one tenant's from taking every
+/// reader.
+pub const READS_PER_NAMESPACE: u32 = 2;
+/// Rows a namespace may read through the API a second (a read costs the rows it returned,
+/// and at least 1), beyond a burst of [`READ_ROWS_BURST`]: what answering reads costs
+/// herald (the rows, their JSON) is bounded per namespace, whatever size of page it asks
+/// for. A read is admitted while the namespace's budget is not spent, and charged when it
+/// has been answered; once spent (a read may overdraw it by its page): 429 `read_busy`,
+/// with the seconds until it refills in `Retry-After`.
+pub const READ_ROWS_PER_SECOND: f64 = 2_000.0;
+/// One full page (`limit` 10,000).
+pub const READ_ROWS_BURST: f64 = 10_000.0;
+/// How long a subscription's state (its counters and the counts of its backlog, which cost
+/// in proportion to the backlog) read through the API is answered again without asking the
+/// store.
+pub const STATE_TTL: Duration = Duration::from_secs(1);
 
 impl Inner {
     fn add_timer(&mut self, uid: &str, at: i64) {
@@ -176,6 +208,29 @@ struct Prestart {
     epoch: u64,
 }
 
+/// A read admitted into its namespace until dropped, which charges its rows.
+struct ReadAdmitted<'a> {
+    engine: &'a Engine,
+    namespace: &'a str,
+    rows: usize,
+}
+
+impl ReadAdmitted<'_> {
+    fn returned(&mut self, rows: usize) {
+        self.rows = rows.max(1);
+    }
+}
+
+impl Drop for ReadAdmitted<'_> {
+    fn drop(&mut self) {
+        let mut inner = self.engine.lock();
+        inner.reads.leave(self.namespace);
+        if let Some((tokens, _)) = inner.read_budgets.get_mut(self.namespace) {
+            *tokens -= self.rows as f64;
+        }
+    }
+}
+
 /// Counts an attempt task for [`Engine::drain`] until it ends, however it ends.
 struct Running<'a>(&'a Engine);
 
@@ -207,6 +262,9 @@ impl Engine {
                 recovered: HashSet::new(),
                 pending_limits: HashMap::new(),
                 admission: Admission::new(config.namespace_max_concurrent_publishes),
+                reads: Admission::new(READS_PER_NAMESPACE),
+                read_budgets: HashMap::new(),
+                states: HashMap::new(),
             }),
             config,
             wakeup: Notify::new(),
@@ -234,6 +292,18 @@ impl Engine {
         self.ownership
             .get()
             .is_none_or(|o| o.fence(o.shard_of(uid)).is_some())
+    }
+
+    /// Wakes `uid`'s lane for new work, unless waking could start nothing: the lane is
+    /// unknown here, held (paused or without its secret: the store claims nothing for it,
+    /// and its release from hold wakes it), or in a shard another replica holds (the store's
+    /// notice wakes it there; taking the shard wakes it here). With a publish to 200
+    /// subscriptions, half of them paused and half elsewhere, each once started an attempt
+    /// that only found that out.
+    fn wake_for_work(&self, inner: &mut Inner, uid: &str) {
+        if inner.subs.get(uid).is_some_and(|c| !c.held()) && self.holds_shard_of(uid) {
+            inner.scheduler.wake(uid);
+        }
     }
 
     /// This replica holds `shard` at `epoch` until `until`: taken (and recorded in the
@@ -391,6 +461,7 @@ impl Engine {
             .with_label_values(&[namespace])
             .inc_by(purged);
         let mut inner = self.lock();
+        inner.states.remove(uid);
         if let Some(config) = inner.subs.remove(uid) {
             if let Some(names) = inner.by_name.get_mut(&config.namespace) {
                 names.remove(&config.name);
@@ -650,8 +721,9 @@ impl Engine {
             let mut inner = self.lock();
             // A lane started with the publish is woken by its attempt's end.
             for uid in &result.targets {
+                inner.states.remove(uid.as_str());
                 if !started_uids.iter().any(|s| **s == **uid) {
-                    inner.scheduler.wake(uid);
+                    self.wake_for_work(&mut inner, uid);
                 }
             }
             drop(inner);
@@ -713,6 +785,43 @@ impl Engine {
         result
     }
 
+    /// Admits one read through the API into `namespace` until the guard drops, which
+    /// charges the rows it [`ReadAdmitted::returned`] (see [`READS_PER_NAMESPACE`] and
+    /// [`READ_ROWS_PER_SECOND`]).
+    fn admit_read<'a>(&'a self, namespace: &'a str) -> Result<ReadAdmitted<'a>, EngineError> {
+        let mut inner = self.lock();
+        let now = std::time::Instant::now();
+        let (tokens, at) = inner
+            .read_budgets
+            .entry(namespace.to_string())
+            .or_insert((READ_ROWS_BURST, now));
+        *tokens = (*tokens + now.duration_since(*at).as_secs_f64() * READ_ROWS_PER_SECOND)
+            .min(READ_ROWS_BURST);
+        *at = now;
+        if *tokens <= 0.0 {
+            let wait = (-*tokens / READ_ROWS_PER_SECOND).ceil().max(1.0) as u32;
+            return Err(EngineError::ReadBusy {
+                namespace: namespace.to_string(),
+                why: format!(
+                    "has read more than {READ_ROWS_PER_SECOND} rows a second through the API"
+                ),
+                retry_after: wait,
+            });
+        }
+        if !inner.reads.enter(namespace) {
+            return Err(EngineError::ReadBusy {
+                namespace: namespace.to_string(),
+                why: format!("already has {READS_PER_NAMESPACE} reads in progress"),
+                retry_after: 1,
+            });
+        }
+        Ok(ReadAdmitted {
+            engine: self,
+            namespace,
+            rows: 1,
+        })
+    }
+
     pub async fn list(
         &self,
         namespace: &str,
@@ -721,7 +830,10 @@ impl Engine {
         limit: u32,
     ) -> Result<Vec<DeliveryView>, EngineError> {
         let uid = self.uid_of(namespace, name)?;
-        Ok(self.store.list_deliveries(&uid, filter, limit).await?)
+        let mut admitted = self.admit_read(namespace)?;
+        let page = self.store.list_deliveries(&uid, filter, limit).await?;
+        admitted.returned(page.len());
+        Ok(page)
     }
 
     pub async fn attempts(
@@ -731,7 +843,10 @@ impl Engine {
         event_id: &str,
     ) -> Result<Vec<AttemptRecord>, EngineError> {
         let uid = self.uid_of(namespace, name)?;
-        Ok(self.store.attempts(&uid, event_id).await?)
+        let mut admitted = self.admit_read(namespace)?;
+        let attempts = self.store.attempts(&uid, event_id).await?;
+        admitted.returned(attempts.len());
+        Ok(attempts)
     }
 
     /// Re-queues dead letters; refused while the subscription is disabled.
@@ -752,6 +867,7 @@ impl Engine {
         }
         let replayed = self.store.replay(&uid, event_ids, now_ms()).await?;
         let mut inner = self.lock();
+        inner.states.remove(&uid);
         *inner.pending.entry(namespace.to_string()).or_default() += replayed;
         inner.scheduler.wake(&uid);
         drop(inner);
@@ -767,7 +883,10 @@ impl Engine {
     ) -> Result<SubscriptionState, EngineError> {
         let uid = self.uid_of(namespace, name)?;
         let state = self.store.set_disabled(&uid, false).await?;
-        self.lock().scheduler.wake(&uid);
+        let mut inner = self.lock();
+        inner.states.remove(&uid);
+        inner.scheduler.wake(&uid);
+        drop(inner);
         self.wakeup.notify_one();
         let _ = self.notices.send(Notice::Enabled {
             namespace: namespace.to_string(),
@@ -776,17 +895,36 @@ impl Engine {
         Ok(state)
     }
 
+    /// A subscription's state as the API shows it: while nothing this replica does changes
+    /// it (a publish to it, an attempt's end, a replay, re-enabling), read from the store at
+    /// most once per [`STATE_TTL`], so that however often a resting backlog is asked about,
+    /// it is counted about once a second.
     pub async fn state(
         &self,
         namespace: &str,
         name: &str,
     ) -> Result<SubscriptionState, EngineError> {
         let uid = self.uid_of(namespace, name)?;
-        Ok(self
+        let now = std::time::Instant::now();
+        if let Some((at, state)) = self.lock().states.get(&uid)
+            && now.duration_since(*at) < STATE_TTL
+        {
+            return Ok(state.clone());
+        }
+        let _admitted = self.admit_read(namespace)?;
+        let state = self
             .store
             .subscription_state(&uid)
             .await?
-            .unwrap_or_default())
+            .unwrap_or_default();
+        let mut inner = self.lock();
+        if inner.states.len() >= 4 * inner.subs.len().max(1024) {
+            inner
+                .states
+                .retain(|_, (at, _)| now.duration_since(*at) < STATE_TTL);
+        }
+        inner.states.insert(uid, (now, state.clone()));
+        Ok(state)
     }
 
     /// Runs the dispatcher until the process ends: starts what the scheduler allows, fires
@@ -814,29 +952,37 @@ impl Engine {
         tokio::spawn(async move { engine.dispatch().await })
     }
 
-    /// Shared by shards, other replicas publish too: wakes the lanes the store says got work
-    /// (their own publishes wake nothing here), or, when notices may have been missed, every
-    /// lane with unfinished work.
-    async fn follow_new_work(self: Arc<Self>, mut work: mpsc::UnboundedReceiver<NewWork>) {
-        while let Some(notice) = work.recv().await {
-            let uids = match notice {
-                NewWork::Subscriptions(uids) => uids,
-                NewWork::Unknown => match self.store.pending_by_subscription().await {
-                    Ok(pending) => pending.into_iter().map(|(uid, _, _)| uid).collect(),
+    /// Shared by shards, other replicas publish too: wakes the lanes the store says got work,
+    /// those it names and those matching an event it names, or, when notices may have been
+    /// missed, every lane with unfinished work. Notices that arrive while this works are
+    /// gathered by the feed and taken together next time.
+    async fn follow_new_work(self: Arc<Self>, feed: NewWorkFeed) {
+        loop {
+            let work = feed.next().await;
+            let mut uids: Vec<String> = work.subscriptions.into_iter().collect();
+            if work.unknown {
+                match self.store.pending_by_subscription().await {
+                    Ok(pending) => uids.extend(pending.into_iter().map(|(uid, _, _)| uid)),
                     Err(e) => {
                         tracing::warn!(error = %e, "cannot list unfinished work after missing notices");
-                        continue;
                     }
-                },
-            };
-            let mut inner = self.lock();
-            for uid in &uids {
-                // Lanes of shards held elsewhere would only wake to rest again.
-                if inner.subs.contains_key(uid.as_str()) && self.holds_shard_of(uid) {
-                    inner.scheduler.wake(uid);
                 }
             }
-            drop(inner);
+            let mut inner = self.lock();
+            for (namespace, event_type) in &work.events {
+                let matching: Vec<String> = inner
+                    .by_namespace
+                    .get(namespace.as_str())
+                    .into_iter()
+                    .flatten()
+                    .filter(|uid| inner.subs.get(*uid).is_some_and(|c| c.matches(event_type)))
+                    .map(|uid| uid.to_string())
+                    .collect();
+                uids.extend(matching);
+            }
+            for uid in &uids {
+                self.wake_for_work(&mut inner, uid);
+            }
             self.wakeup.notify_one();
         }
     }
@@ -1201,6 +1347,7 @@ impl Engine {
 
         record_metrics(config, &result, next, completion.as_ref().ok());
         let mut inner = self.lock();
+        inner.states.remove(uid);
         inner.scheduler.release(uid, &config.namespace);
         match &completion {
             Ok(done) if done.recorded => match next {

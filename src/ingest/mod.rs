@@ -111,6 +111,10 @@ impl From<EngineError> for ApiError {
                 retry_after: Some(1),
                 ..Self::new(StatusCode::TOO_MANY_REQUESTS, "publish_busy", message)
             },
+            EngineError::ReadBusy { retry_after, .. } => ApiError {
+                retry_after: Some(retry_after),
+                ..Self::new(StatusCode::TOO_MANY_REQUESTS, "read_busy", message)
+            },
             EngineError::Store(_) => Self::new(
                 StatusCode::SERVICE_UNAVAILABLE,
                 "store_unavailable",

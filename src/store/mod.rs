@@ -22,6 +22,8 @@ pub(crate) mod suite;
 pub(crate) mod test_postgres;
 pub mod timed;
 
+use std::collections::HashSet;
+
 use async_trait::async_trait;
 use serde::Serialize;
 
@@ -177,12 +179,131 @@ pub enum Next {
     DeadLetter,
 }
 
-/// Subscriptions that got new due work in a store several processes share.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum NewWork {
-    Subscriptions(Vec<String>),
-    /// Notices may have been missed (a reconnect, or too many to name): look at everything.
-    Unknown,
+/// What got new due work in a store several processes share, since it was last taken from
+/// the [`NewWorkFeed`]: notices coalesced.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct NewWork {
+    /// Subscriptions named one by one.
+    pub subscriptions: HashSet<String>,
+    /// (namespace, event type) of events published to more subscriptions than a notice can
+    /// name: every subscription of the namespace that matches the type got work.
+    pub events: HashSet<(String, String)>,
+    /// Notices may have been missed (a reconnect, or more than the feed holds): look at
+    /// everything.
+    pub unknown: bool,
+}
+
+impl NewWork {
+    fn is_empty(&self) -> bool {
+        !self.unknown && self.subscriptions.is_empty() && self.events.is_empty()
+    }
+}
+
+/// Most subscriptions and events a [`NewWorkFeed`] holds before it says
+/// [`NewWork::unknown`] instead: however far its reader falls behind, the feed stays small.
+pub const NEW_WORK_HELD: usize = 10_000;
+
+struct FeedState {
+    work: NewWork,
+    reader_gone: bool,
+}
+
+/// Notices of new work, coalesced and bounded: the listener adds as they come, the reader
+/// takes everything gathered since its last look. A reader slower than the notices never
+/// meets a queue of them, only one batch (an unbounded channel of notices once grew without
+/// bound, each a full rescan).
+pub struct NewWorkFeed {
+    state: std::sync::Arc<(std::sync::Mutex<FeedState>, tokio::sync::Notify)>,
+}
+
+/// The listening side of a [`NewWorkFeed`].
+#[derive(Clone)]
+pub struct NewWorkNotices {
+    state: std::sync::Arc<(std::sync::Mutex<FeedState>, tokio::sync::Notify)>,
+}
+
+/// A new feed and its listening side.
+pub fn new_work_feed() -> (NewWorkNotices, NewWorkFeed) {
+    let state = std::sync::Arc::new((
+        std::sync::Mutex::new(FeedState {
+            work: NewWork::default(),
+            reader_gone: false,
+        }),
+        tokio::sync::Notify::new(),
+    ));
+    (
+        NewWorkNotices {
+            state: state.clone(),
+        },
+        NewWorkFeed { state },
+    )
+}
+
+impl NewWorkFeed {
+    /// Waits until something was noticed, then takes all of it.
+    pub async fn next(&self) -> NewWork {
+        loop {
+            let notified = self.state.1.notified();
+            {
+                let mut state = self.state.0.lock().unwrap_or_else(|e| e.into_inner());
+                if !state.work.is_empty() {
+                    return std::mem::take(&mut state.work);
+                }
+            }
+            notified.await;
+        }
+    }
+}
+
+impl Drop for NewWorkFeed {
+    fn drop(&mut self) {
+        self.state
+            .0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .reader_gone = true;
+    }
+}
+
+impl NewWorkNotices {
+    /// Adds to what the reader will take; false once the reader is gone.
+    fn add(&self, add: impl FnOnce(&mut NewWork)) -> bool {
+        let mut state = self.state.0.lock().unwrap_or_else(|e| e.into_inner());
+        if state.reader_gone {
+            return false;
+        }
+        let work = &mut state.work;
+        if !work.unknown {
+            add(work);
+            if work.subscriptions.len() + work.events.len() > NEW_WORK_HELD {
+                *work = NewWork {
+                    unknown: true,
+                    ..NewWork::default()
+                };
+            }
+        }
+        drop(state);
+        self.state.1.notify_one();
+        true
+    }
+
+    pub fn subscriptions<'a>(&self, uids: impl IntoIterator<Item = &'a str>) -> bool {
+        self.add(|work| {
+            work.subscriptions
+                .extend(uids.into_iter().map(str::to_string))
+        })
+    }
+
+    pub fn event(&self, namespace: &str, event_type: &str) -> bool {
+        self.add(|work| {
+            work.events
+                .insert((namespace.to_string(), event_type.to_string()));
+        })
+    }
+
+    pub fn unknown(&self) -> bool {
+        self.add(|work| work.unknown = true)
+    }
 }
 
 /// One recorded taking of a shard.
@@ -342,10 +463,10 @@ pub trait Store: Send + Sync + 'static {
         Err(Error::Backend("this store does not fence by shard".into()))
     }
 
-    /// With several processes sharing the store: the subscriptions other processes (and this
-    /// one) gave new due work, as their commits happen. None for a store only one process
-    /// uses. After [`NewWork::Unknown`] some notices may have been missed.
-    fn new_work(&self) -> Option<tokio::sync::mpsc::UnboundedReceiver<NewWork>> {
+    /// With several processes sharing the store: what other processes (and this one) gave
+    /// new due work, as their commits happen, coalesced. None for a store only one process
+    /// uses. After [`NewWork::unknown`] some notices may have been missed.
+    fn new_work(&self) -> Option<NewWorkFeed> {
         None
     }
 
@@ -401,6 +522,32 @@ pub fn excerpt(body: &[u8]) -> String {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn new_work_is_gathered_and_bounded() {
+        let (notices, feed) = new_work_feed();
+        assert!(notices.subscriptions(["a", "b"]));
+        assert!(notices.subscriptions(["b", "c"]));
+        assert!(notices.event("shop", "order.created"));
+        let work = feed.next().await;
+        assert_eq!(
+            work.subscriptions,
+            ["a", "b", "c"].map(String::from).into_iter().collect()
+        );
+        assert_eq!(work.events.len(), 1);
+        assert!(!work.unknown);
+        // More than the feed holds: one "look at everything", and nothing more kept.
+        let many: Vec<String> = (0..=NEW_WORK_HELD).map(|i| i.to_string()).collect();
+        assert!(notices.subscriptions(many.iter().map(String::as_str)));
+        assert!(notices.subscriptions(["d"]));
+        let work = feed.next().await;
+        assert!(work.unknown && work.subscriptions.is_empty(), "{work:?}");
+        // A reader that is gone stops the listener.
+        drop(feed);
+        assert!(!notices.unknown());
+    }
+
     #[test]
     fn excerpt_is_at_most_512_bytes_on_a_char_boundary() {
         assert_eq!(super::excerpt(b"short"), "short");

@@ -31,7 +31,8 @@
 //! is off), so an answer means the commit is on disk. Claims, attempt results and pruning
 //! run on a second pool with `synchronous_commit = off`: the server may lose the last of
 //! them in a crash, which at worst repeats an attempt; it never reorders them, so a synced
-//! commit also makes every earlier one durable.
+//! commit also makes every earlier one durable. Reads run on a third, smaller pool, so
+//! that no flood of them takes a connection those need.
 //!
 //! **Outages.** Every failure to reach the server, and every server error that says it
 //! cannot take work now (shutting down, out of disk or connections, a read-only standby,
@@ -69,9 +70,11 @@ const MIGRATIONS: &[(i64, &str, &str)] = &[
     (2, "shards", include_str!("postgres/0002_shards.sql")),
 ];
 
-/// Connections per pool (two pools per process, see the module documentation). Three
-/// replicas use at most 3 × 2 × 10 = 60 of PostgreSQL's default 100.
+/// Connections per writing pool (two per process). With the read pool and the listener,
+/// three replicas use at most 3 × (2 × 10 + 4 + 1) = 75 of PostgreSQL's default 100.
 const POOL_SIZE: u32 = 10;
+/// Connections of the read pool.
+const READ_POOL_SIZE: u32 = 4;
 /// How long an operation waits for a free connection (or for the server to accept one)
 /// before it is answered `Unavailable`.
 const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(5);
@@ -86,8 +89,12 @@ const HEALTH_TIMEOUT: Duration = Duration::from_secs(5);
 pub struct PostgresStore {
     /// `synchronous_commit` on: for whatever acknowledges an event or changes a subscription.
     synced: PgPool,
-    /// `synchronous_commit = off`: claims, attempt results, pruning, and reads.
+    /// `synchronous_commit = off`: claims, attempt results, pruning.
     relaxed: PgPool,
+    /// Reads (a subscription's state and backlog, attempt history, listings), in a pool of
+    /// their own ([`READ_POOL_SIZE`]): however many a tenant asks for, they never take a
+    /// connection a publish, claim or completion needs.
+    reads: PgPool,
     /// One connection, for LISTEN (see [`Store::new_work`]).
     listen: PgPool,
 }
@@ -283,6 +290,9 @@ impl PostgresStore {
             .connect_lazy_with(options.clone());
         let relaxed =
             pool().connect_lazy_with(options.clone().options([("synchronous_commit", "off")]));
+        let reads = pool()
+            .max_connections(READ_POOL_SIZE)
+            .connect_lazy_with(options.clone().options([("synchronous_commit", "off")]));
         let listen = PgPoolOptions::new()
             .max_connections(1)
             .acquire_timeout(ACQUIRE_TIMEOUT)
@@ -290,6 +300,7 @@ impl PostgresStore {
         Ok(Self {
             synced,
             relaxed,
+            reads,
             listen,
         })
     }
@@ -298,6 +309,7 @@ impl PostgresStore {
     pub async fn close(&self) {
         self.synced.close().await;
         self.relaxed.close().await;
+        self.reads.close().await;
         self.listen.close().await;
     }
 }
@@ -384,7 +396,7 @@ impl Store for PostgresStore {
         within(OP_TIMEOUT, async {
             let row = query(STATE_OF)
                 .bind(uid)
-                .fetch_optional(&self.relaxed)
+                .fetch_optional(&self.reads)
                 .await?;
             row.map(|r| state_row(&r)).transpose()
         })
@@ -397,7 +409,7 @@ impl Store for PostgresStore {
                 "SELECT uid, namespace, name, paused, disable_after, shard FROM subscriptions
                  WHERE live ORDER BY uid",
             )
-            .fetch_all(&self.relaxed)
+            .fetch_all(&self.reads)
             .await?;
             rows.iter()
                 .map(|r| {
@@ -449,7 +461,7 @@ impl Store for PostgresStore {
                          RETURNING sub_uid
                      ), notified AS (
                          SELECT pg_notify('herald_new_work', CASE
-                             WHEN sum(length(sub_uid) + 1) > 7000 THEN '*'
+                             WHEN sum(length(sub_uid) + 1) > 7000 THEN 'e:' || $1 || ':' || $3
                              ELSE string_agg(sub_uid, ',') END)
                          FROM made HAVING count(*) > 0
                      )
@@ -491,16 +503,16 @@ impl Store for PostgresStore {
         .await
     }
 
-    /// Publishes and replays NOTIFY `herald_new_work` with the subscriptions they gave work
-    /// (in the same transaction, so a notice arrives only once the work is committed); this
-    /// listens, and says [`NewWork::Unknown`] after every (re)connection, when notices may
-    /// have been missed.
-    fn new_work(&self) -> Option<tokio::sync::mpsc::UnboundedReceiver<NewWork>> {
-        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    /// Publishes and replays NOTIFY `herald_new_work` with what they gave work (in the same
+    /// transaction, so a notice arrives only once the work is committed; see [`notice`] for
+    /// what a payload says); this listens, gathering notices into the feed, and says
+    /// [`NewWork::unknown`] after every (re)connection, when notices may have been missed.
+    fn new_work(&self) -> Option<NewWorkFeed> {
+        let (notices, feed) = new_work_feed();
         let pool = self.listen.clone();
         tokio::spawn(async move {
             let mut delay = Duration::from_millis(200);
-            while !tx.is_closed() {
+            loop {
                 let mut listener = match sqlx_postgres::PgListener::connect_with(&pool).await {
                     Ok(listener) => listener,
                     Err(e) => {
@@ -516,32 +528,34 @@ impl Store for PostgresStore {
                     continue;
                 }
                 delay = Duration::from_millis(200);
-                if tx.send(NewWork::Unknown).is_err() {
+                if !notices.unknown() {
                     return;
                 }
                 loop {
-                    let notice = match listener.try_recv().await {
-                        Ok(Some(n)) => match n.payload() {
-                            "*" => NewWork::Unknown,
-                            uids => NewWork::Subscriptions(
-                                uids.split(',').map(str::to_string).collect(),
-                            ),
+                    let open = match listener.try_recv().await {
+                        Ok(Some(n)) => match notice(n.payload()) {
+                            Notice::Subscriptions(uids) => notices.subscriptions(uids),
+                            Notice::Event {
+                                namespace,
+                                event_type,
+                            } => notices.event(namespace, event_type),
+                            Notice::Unknown => notices.unknown(),
                         },
                         // Reconnected: what was sent meanwhile is lost.
-                        Ok(None) => NewWork::Unknown,
+                        Ok(None) => notices.unknown(),
                         Err(e) => {
                             tracing::warn!(error = %classify(e), "listening for new work failed; listening again");
                             break;
                         }
                     };
-                    if tx.send(notice).is_err() {
+                    if !open {
                         return;
                     }
                 }
                 tokio::time::sleep(delay).await;
             }
         });
-        Some(rx)
+        Some(feed)
     }
 
     async fn check_writable(&self) -> Result<()> {
@@ -562,7 +576,7 @@ impl Store for PostgresStore {
     }
 
     async fn published(&self, namespace: &str, event_id: &str) -> Result<Option<PublishResult>> {
-        within(OP_TIMEOUT, first_answer(&self.relaxed, namespace, event_id)).await
+        within(OP_TIMEOUT, first_answer(&self.reads, namespace, event_id)).await
     }
 
     async fn claim_next(&self, uid: &str, now_ms: i64) -> Result<Claim> {
@@ -645,7 +659,7 @@ impl Store for PostgresStore {
                 "SELECT shard, epoch, holder, at_ms FROM shard_history
                  ORDER BY at_ms, shard, epoch",
             )
-            .fetch_all(&self.relaxed)
+            .fetch_all(&self.reads)
             .await?;
             rows.iter()
                 .map(|r| {
@@ -771,7 +785,7 @@ impl Store for PostgresStore {
                  JOIN deliveries d ON d.sub_uid = s.uid AND d.state IN (0, 1)
                  WHERE s.live GROUP BY s.uid, s.namespace",
             )
-            .fetch_all(&self.relaxed)
+            .fetch_all(&self.reads)
             .await?;
             rows.iter()
                 .map(|r| Ok((r.try_get(0)?, r.try_get(1)?, count(r, 2)?)))
@@ -793,19 +807,27 @@ impl Store for PostgresStore {
         };
         within(OP_TIMEOUT, async {
             let rows = query(
+                // Each state's first page from the lane index, in its order, then the first
+                // of those: a page costs its own rows, however long the backlog (ORDER BY
+                // d.id sorted all of it for every page).
                 "SELECT e.event_id, e.event_type, d.state, d.attempts, e.published_ms, d.due_ms,
                         a.at_ms, a.outcome, a.status_code, a.latency_ms, a.message
-                 FROM deliveries d JOIN events e ON e.id = d.event
+                 FROM unnest($2::smallint[]) AS s(state)
+                 CROSS JOIN LATERAL (
+                     SELECT id, event, state, attempts, due_ms FROM deliveries
+                     WHERE sub_uid = $1 AND state = s.state ORDER BY due_ms, id LIMIT $3
+                 ) d
+                 JOIN events e ON e.id = d.event
                  LEFT JOIN LATERAL (
                      SELECT at_ms, outcome, status_code, latency_ms, message FROM attempt_log
                      WHERE delivery = d.id ORDER BY id DESC LIMIT 1
                  ) a ON true
-                 WHERE d.sub_uid = $1 AND d.state = ANY($2) ORDER BY d.id LIMIT $3",
+                 ORDER BY d.state, d.due_ms, d.id LIMIT $3",
             )
             .bind(uid)
             .bind(&states)
             .bind(i64::from(limit))
-            .fetch_all(&self.relaxed)
+            .fetch_all(&self.reads)
             .await?;
             rows.iter()
                 .map(|r| {
@@ -841,7 +863,7 @@ impl Store for PostgresStore {
             )
             .bind(uid)
             .bind(event_id)
-            .fetch_all(&self.relaxed)
+            .fetch_all(&self.reads)
             .await?;
             rows.iter().map(|r| attempt_row(r, 0)).collect()
         })
@@ -1018,6 +1040,40 @@ async fn first_answer(
     }))
 }
 
+/// What a `herald_new_work` payload says.
+#[derive(Debug, PartialEq, Eq)]
+enum Notice<'a> {
+    /// `uid,uid,...`: these subscriptions got work (a publish to few, a replay).
+    Subscriptions(Vec<&'a str>),
+    /// `e:<namespace>:<type>`: an event published to more subscriptions than a payload
+    /// (8,000 bytes) could name; each subscription of the namespace that matches the type
+    /// got work. Bounded by the lengths of a namespace (63) and a type (253), so no
+    /// fan-out can overflow it.
+    Event {
+        namespace: &'a str,
+        event_type: &'a str,
+    },
+    /// `*` (what replicas before this format sent for a large fan-out): look at everything.
+    Unknown,
+}
+
+fn notice(payload: &str) -> Notice<'_> {
+    if payload == "*" {
+        return Notice::Unknown;
+    }
+    // A uid never holds ':' (a UUID); a namespace never does (a DNS label), a type may.
+    match payload
+        .strip_prefix("e:")
+        .and_then(|rest| rest.split_once(':'))
+    {
+        Some((namespace, event_type)) => Notice::Event {
+            namespace,
+            event_type,
+        },
+        None => Notice::Subscriptions(payload.split(',').collect()),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::sync::Arc;
@@ -1076,6 +1132,73 @@ mod tests {
             body: b"{}".to_vec(),
             published_ms: 100,
         }
+    }
+
+    #[test]
+    fn a_notice_names_subscriptions_or_the_event() {
+        assert_eq!(notice("a,b"), Notice::Subscriptions(vec!["a", "b"]));
+        assert_eq!(notice("*"), Notice::Unknown);
+        assert_eq!(
+            notice("e:shop:order:created/v1"),
+            Notice::Event {
+                namespace: "shop",
+                event_type: "order:created/v1"
+            }
+        );
+    }
+
+    /// Issue 24 item 6: a publish to more subscriptions than a payload can name says which
+    /// event (namespace and type), never "look at everything"; notices the reader has not
+    /// taken are gathered into one batch.
+    #[tokio::test]
+    async fn notices_of_a_wide_fan_out_name_the_event_and_are_gathered() {
+        let Some(server) = Postgres::start() else {
+            return;
+        };
+        let store = connect(&server).await;
+        // UUID-sized uids: 250 of them do not fit in one payload.
+        let uids: Vec<String> = (0..250)
+            .map(|i| format!("00000000-0000-7000-8000-{i:012}"))
+            .collect();
+        for uid in &uids {
+            store.upsert_subscription(sub(uid)).await.unwrap();
+        }
+        let feed = store.new_work().unwrap();
+        // The first look after listening: notices may have been missed before it.
+        let first = tokio::time::timeout(Duration::from_secs(10), feed.next())
+            .await
+            .unwrap();
+        assert!(first.unknown, "{first:?}");
+
+        let wide = NewEvent {
+            event_type: "order.created".into(),
+            ..event("wide")
+        };
+        store.publish(wide, uids.clone()).await.unwrap();
+        let narrow = uids[..3].to_vec();
+        for i in 0..20 {
+            store
+                .publish(event(&format!("narrow-{i}")), narrow.clone())
+                .await
+                .unwrap();
+        }
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        let mut seen = NewWork::default();
+        while seen.events.is_empty() || seen.subscriptions.len() < 3 {
+            assert!(std::time::Instant::now() < deadline, "{seen:?}");
+            let work = tokio::time::timeout(Duration::from_secs(10), feed.next())
+                .await
+                .unwrap();
+            assert!(!work.unknown, "a notice said look at everything: {work:?}");
+            seen.events.extend(work.events);
+            seen.subscriptions.extend(work.subscriptions);
+        }
+        assert_eq!(
+            seen.events,
+            HashSet::from([("ns".to_string(), "order.created".to_string())])
+        );
+        assert_eq!(seen.subscriptions, narrow.into_iter().collect());
+        store.close().await;
     }
 
     /// A plain connection beside the store, to look at or hold rows as another process would.

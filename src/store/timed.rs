@@ -75,7 +75,7 @@ impl<S: Store> Store for Timed<S> {
     async fn shard_history(&self) -> Result<Vec<ShardTaking>> {
         self.0.shard_history().await
     }
-    fn new_work(&self) -> Option<tokio::sync::mpsc::UnboundedReceiver<NewWork>> {
+    fn new_work(&self) -> Option<NewWorkFeed> {
         self.0.new_work()
     }
     async fn complete(
