@@ -246,7 +246,10 @@ impl RunArgs {
                     .with_context(|| format!("the PostgreSQL store at {url}"))?;
                 Arc::new(Timed(store))
             }
-            None => Arc::new(Timed(SqliteStore::open(&self.data_dir)?)),
+            None => {
+                check_data_dir(&self.data_dir)?;
+                Arc::new(Timed(SqliteStore::open(&self.data_dir)?))
+            }
         };
         let extra_roots = match &self.egress_ca_file {
             Some(path) => {
@@ -773,5 +776,54 @@ async fn receive_one(
             println!("rejected: {e}");
             StatusCode::UNAUTHORIZED
         }
+    }
+}
+
+/// The embedded store's directory must exist, or be creatable, and be writable. SQLite's own
+/// error ("unable to open database file") names neither the cause nor the cure; a container
+/// with a read-only root filesystem and no volume at the data directory is the usual one.
+fn check_data_dir(dir: &std::path::Path) -> anyhow::Result<()> {
+    let cure = "mount a writable volume there (the Helm chart mounts its PersistentVolumeClaim) or pass --data-dir (HERALD_DATA_DIR)";
+    std::fs::create_dir_all(dir).with_context(|| {
+        format!(
+            "the data directory {} cannot be created; {cure}",
+            dir.display()
+        )
+    })?;
+    let probe = dir.join(".herald-write-check");
+    std::fs::write(&probe, b"").with_context(|| {
+        format!(
+            "the data directory {} is not writable; {cure}",
+            dir.display()
+        )
+    })?;
+    let _ = std::fs::remove_file(&probe);
+    Ok(())
+}
+
+#[cfg(test)]
+mod data_dir_tests {
+    #[test]
+    fn a_data_directory_that_cannot_be_made_names_itself_the_cause_and_the_cure() {
+        let tmp = std::env::temp_dir().join(format!("herald-data-dir-{}", std::process::id()));
+        std::fs::create_dir_all(&tmp).unwrap();
+        let file = tmp.join("a-file");
+        std::fs::write(&file, b"").unwrap();
+        let message = format!(
+            "{:#}",
+            super::check_data_dir(&file.join("data")).unwrap_err()
+        );
+        assert!(
+            message.contains(&format!("{}/data", file.display())),
+            "{message}"
+        );
+        assert!(
+            message.contains("cannot be created") && message.contains("--data-dir"),
+            "{message}"
+        );
+        assert!(message.contains("Not a directory"), "{message}");
+        super::check_data_dir(&tmp.join("writable")).unwrap();
+        assert!(!tmp.join("writable/.herald-write-check").exists());
+        std::fs::remove_dir_all(&tmp).unwrap();
     }
 }

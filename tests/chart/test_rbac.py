@@ -385,7 +385,7 @@ def test_watch_namespaces_rights_suffice_and_stop_at_those_namespaces(installed,
     try:
         cp.apply(subscription("narrow", receiver.url + "/hooks/narrow"))
         cp.kubectl("wait", "--for=condition=Ready", "webhooksubscription/narrow", "-n", "shop", "--timeout=60s")
-        token = cp.token("shop", "producer")
+        token = cp.token("shop", "producer", audience="herald")
         before = len(receiver.received)
         wait_until("a publish", lambda: narrowed.publish(token, "shop", data={"n": 2})[0] == 202, timeout=30)
         wait_until("the delivery", lambda: any(p == "/hooks/narrow" for p, _, _ in receiver.received[before:]),

@@ -698,17 +698,31 @@ def test_dockerfile_shape():
     text = (REPO / "Dockerfile").read_text()
     stages = re.findall(r"^FROM (\S+)(?: AS (\S+))?$", text, re.M)
     assert len(stages) >= 2, "multi-stage"
-    for image, _ in stages[:-1]:
+    # Every base image but scratch is pinned; the stage the root filesystem comes from is
+    # chosen by ROOTFS: the build stage (`docker build .`), or `prebuilt`, which scripts/image
+    # uses where no base image can be pulled (tests/node runs that image).
+    bases = [image for image, _ in stages[:-1] if image != "scratch" and not image.startswith("${")]
+    assert bases, "a build stage"
+    for image in bases:
         assert re.search(r":\d+\.\d+\.\d+-", image), f"{image} is not pinned to a version"
+    assert re.search(r"^ARG ROOTFS=build$", text, re.M)
+    assert ("${ROOTFS}", "rootfs") in stages and ("scratch", "prebuilt") in stages
     final_image = stages[-1][0]
     assert final_image == "scratch"
     final = text[text.rindex("\nFROM "):]
-    copies = re.findall(r"^COPY --from=\S+ (\S+) (\S+)$", final, re.M)
-    assert {dest for _, dest in copies} == {
-        "/etc/ssl/certs/ca-certificates.crt", "/", "/usr/local/bin/herald"}
+    copies = re.findall(r"^COPY --from=(\S+)(?: --chown=(\S+))? (\S+) (\S+)$", final, re.M)
+    assert {stage for stage, _, _, _ in copies} == {"rootfs"}
+    assert ("rootfs", "", "/rootfs/", "/") in copies
+    # The embedded store's directory belongs to herald's user.
+    assert ("rootfs", "65532:65532", "/rootfs/var/lib/", "/var/lib/") in copies
     assert re.search(r"^USER 65532:65532$", final, re.M)
     assert 'CMD ["run"]' in final
     assert 'ENTRYPOINT ["/usr/local/bin/herald"]' in final
+    # Both ways lay the root filesystem out with one script: the binary, its libraries, the CA bundle.
+    assert "image-rootfs target/release/herald /rootfs" in text
+    script = (REPO / "scripts" / "image-rootfs").read_text()
+    for path in ("/usr/local/bin/herald", "/etc/ssl/certs/ca-certificates.crt", "ldd", "nsswitch.conf"):
+        assert path in script, path
     # The dependency layer: Cargo.toml and Cargo.lock are copied and built before src/.
     assert text.index("COPY Cargo.toml Cargo.lock") < text.index("cargo build") < text.index("COPY src ")
 

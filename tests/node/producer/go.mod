@@ -1,0 +1,3 @@
+module herald.test/node/producer
+
+go 1.26.0
