@@ -1395,7 +1395,7 @@ async fn a_graceful_stop_drains_before_its_shards_move() {
         ));
     }
     cp.apply(&manifests);
-    let mut replicas = vec![
+    let mut replicas = [
         replica(&cp, &pg, "replica-0").await,
         replica(&cp, &pg, "replica-1").await,
     ];
