@@ -187,9 +187,10 @@ pub const READS_PER_NAMESPACE: u32 = 2;
 /// for. A read is admitted while the namespace's budget is not spent, and charged when it
 /// has been answered; once spent (a read may overdraw it by its page): 429 `read_busy`,
 /// with the seconds until it refills in `Retry-After`.
-pub const READ_ROWS_PER_SECOND: f64 = 2_000.0;
-/// One full page (`limit` 10,000).
-pub const READ_ROWS_BURST: f64 = 10_000.0;
+pub const READ_ROWS_PER_SECOND: f64 = 1_000.0;
+/// One second's worth: a read is admitted while any budget is left, so a page of any size
+/// (up to 10,000) still goes through, overdrawing it.
+pub const READ_ROWS_BURST: f64 = 1_000.0;
 /// How long a subscription's state (its counters and the counts of its backlog, which cost
 /// in proportion to the backlog) read through the API is answered again without asking the
 /// store.

@@ -402,7 +402,7 @@ async fn list_attempts(
     Query(query): Query<ListQuery>,
     peer: Peer,
     headers: HeaderMap,
-) -> ApiResult<Json<serde_json::Value>> {
+) -> ApiResult<Response> {
     authorize(&api, Verb::Read, &namespace, Some(&name), &headers, peer).await?;
     let filter = match query.state.as_deref().unwrap_or("all") {
         "dead" => StateFilter::Dead,
@@ -417,7 +417,17 @@ async fn list_attempts(
     };
     let limit = query.limit.unwrap_or(100).clamp(1, 10_000);
     let items = api.engine.list(&namespace, &name, filter, limit).await?;
-    Ok(Json(json!({"items": items})))
+    // A page of up to 10,000 rows is written out on the blocking pool, not on the workers
+    // that answer everyone's publishes.
+    #[derive(serde::Serialize)]
+    struct Page {
+        items: Vec<crate::store::DeliveryView>,
+    }
+    let body = tokio::task::spawn_blocking(move || serde_json::to_vec(&Page { items }))
+        .await
+        .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string()))?
+        .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string()))?;
+    Ok(([(header::CONTENT_TYPE, "application/json")], body).into_response())
 }
 
 async fn event_attempts(

@@ -303,7 +303,8 @@ fn open_reader(path: &Path) -> Result<Connection> {
 }
 
 /// Lowers the calling thread's CPU priority to [`READER_NICE`] (Linux: per thread);
-/// failing to is harmless.
+/// failing to is harmless. (Not the idle class: on a saturated machine that would starve
+/// the status writer's reads.)
 #[allow(unsafe_code)]
 fn lower_this_threads_priority() {
     // SAFETY: setpriority and gettid take and return plain integers and touch no memory.
