@@ -5,13 +5,16 @@ pytest runs the modules one after the other and each tears its own down)."""
 import base64
 import json
 import os
-import shlex
-import subprocess
-import time
+import sys
 from pathlib import Path
 
 import pytest
 import yaml
+
+# run and wait_until are shared with the other Python suites (tests/support/commands.py);
+# the test modules import them from here.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "support"))
+from commands import run, wait_until  # noqa: E402,F401
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "charts" / "herald"
@@ -31,39 +34,6 @@ KCM_CONTROLLERS = (
     "endpointslice-controller,disruption-controller,"
     "persistentvolumeclaim-protection-controller"
 )
-
-
-def run(args, env=None, check=True, timeout=300, input=None):
-    proc = subprocess.run(
-        [str(a) for a in args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        input=input,
-    )
-    if check and proc.returncode != 0:
-        raise AssertionError(
-            f"{shlex.join(map(str, args))} exited {proc.returncode}\n"
-            f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
-        )
-    return proc
-
-
-def wait_until(what, predicate, timeout=60.0, interval=0.2):
-    """Polls `predicate` until it returns something truthy; fails after `timeout`."""
-    deadline = time.monotonic() + timeout
-    last = None
-    while True:
-        try:
-            last = predicate()
-        except AssertionError as e:
-            last = e
-        if last and not isinstance(last, AssertionError):
-            return last
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}; last: {last}")
-        time.sleep(interval)
 
 
 _bin_dir = None

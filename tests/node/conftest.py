@@ -14,11 +14,11 @@ import base64
 import hashlib
 import json
 import os
-import shlex
 import shutil
 import signal
 import ssl
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -28,6 +28,11 @@ from pathlib import Path
 import pytest
 import yaml
 from standardwebhooks.webhooks import Webhook
+
+# run and wait_until are shared with the other Python suites (tests/support/commands.py);
+# the test modules import them from here.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "support"))
+from commands import run, wait_until  # noqa: E402,F401
 
 REPO = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
@@ -48,31 +53,6 @@ def _terminated(signum, frame):
 # SIGTERM (the test command stopping early, a CI time-out) unwinds like Ctrl-C, so that the
 # node is torn down (its processes, pods, mounts, network) by the fixtures' finalizers.
 signal.signal(signal.SIGTERM, _terminated)
-
-
-def run(args, env=None, check=True, timeout=300, input=None):
-    proc = subprocess.run([str(a) for a in args], env=env, capture_output=True, text=True,
-                          timeout=timeout, input=input)
-    if check and proc.returncode != 0:
-        raise AssertionError(f"{shlex.join(map(str, args))} exited {proc.returncode}\n"
-                             f"stdout:\n{proc.stdout[-4000:]}\nstderr:\n{proc.stderr[-4000:]}")
-    return proc
-
-
-def wait_until(what, predicate, timeout=60.0, interval=0.25):
-    """Polls `predicate` until it returns something truthy; fails after `timeout`."""
-    deadline = time.monotonic() + timeout
-    last = None
-    while True:
-        try:
-            last = predicate()
-        except AssertionError as e:
-            last = e
-        if last and not isinstance(last, AssertionError):
-            return last
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}; last: {last}")
-        time.sleep(interval)
 
 
 def report(line):
