@@ -287,6 +287,11 @@ impl State {
             match in_flight.get(&token_key) {
                 Some(review) => review.clone(),
                 None => {
+                    // A review that finished since the caller looked in the cache left the
+                    // in-flight map only after caching its answer: look again before asking.
+                    if let Some(user) = self.users.get(&token_key) {
+                        return Ok(user);
+                    }
                     let address = address_key(peer);
                     let known = lock(&self.known).get(&token_key).is_some();
                     if !known && !self.take_failure(address) {
@@ -390,6 +395,10 @@ impl State {
             match in_flight.get(&decision_key) {
                 Some(review) => review.clone(),
                 None => {
+                    // As for token reviews: one may have finished since the cache was read.
+                    if let Some(allowed) = self.decisions.get(&decision_key) {
+                        return Ok(allowed);
+                    }
                     let state = self.clone();
                     let request = SubjectAccessReview {
                         spec,
