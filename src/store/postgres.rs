@@ -3,7 +3,8 @@
 //! ([`super::sqlite`]); the shared suite ([`super::suite`]) runs against both.
 //!
 //! **Transactions and locks.** Most operations are one statement (a data-modifying `WITH`
-//! query), so each is one round trip and its own transaction. The server runs them in READ
+//! query), so each is one round trip and its own transaction; concurrent publishes are
+//! joined into one transaction, a group commit ([`group_commit`]). The server runs them in READ
 //! COMMITTED; what makes them safe together is a fixed lock order: first the subscription
 //! row, then delivery rows.
 //!
@@ -63,6 +64,8 @@ use sqlx_postgres::{PgConnectOptions, PgConnection, PgPool, PgPoolOptions, PgRow
 
 use super::*;
 
+mod group_commit;
+
 /// The schema, one migration a file: (version, description, SQL). Never edit one that has
 /// been released; add the next.
 const MIGRATIONS: &[(i64, &str, &str)] = &[
@@ -97,6 +100,8 @@ pub struct PostgresStore {
     reads: PgPool,
     /// One connection, for LISTEN (see [`Store::new_work`]).
     listen: PgPool,
+    /// Publishes, joined into group commits on `synced`.
+    publishes: group_commit::GroupCommit,
 }
 
 /// The migrations, for sqlx's migrator.
@@ -135,9 +140,10 @@ fn transient_code(code: &str) -> bool {
         || code == "55P03" // lock not available
 }
 
-fn classify(e: sqlx_core::Error) -> Error {
+/// Whether `e` means the server cannot take work now (rather than that the work is wrong).
+fn is_unavailable(e: &sqlx_core::Error) -> bool {
     use sqlx_core::Error as E;
-    let unavailable = match &e {
+    match e {
         E::Io(_)
         | E::Tls(_)
         | E::Protocol(_)
@@ -146,8 +152,11 @@ fn classify(e: sqlx_core::Error) -> Error {
         | E::WorkerCrashed => true,
         E::Database(db) => db.code().is_some_and(|c| transient_code(&c)),
         _ => false,
-    };
-    if unavailable {
+    }
+}
+
+fn classify(e: sqlx_core::Error) -> Error {
+    if is_unavailable(&e) {
         Error::Unavailable(format!("PostgreSQL: {e}"))
     } else {
         Error::Backend(format!("PostgreSQL: {e}"))
@@ -298,6 +307,7 @@ impl PostgresStore {
             .acquire_timeout(ACQUIRE_TIMEOUT)
             .connect_lazy_with(options);
         Ok(Self {
+            publishes: group_commit::GroupCommit::start(synced.clone()),
             synced,
             relaxed,
             reads,
@@ -434,73 +444,7 @@ impl Store for PostgresStore {
             .into_iter()
             .filter(|t| seen.insert(t.clone()))
             .collect();
-        within(OP_TIMEOUT, async {
-            // A repeated id normally answers at the first look. When the first publish of
-            // it was pruned between the insert that conflicted and that look, try again.
-            for _ in 0..3 {
-                // One statement, so one transaction: the live targets (held FOR SHARE, so
-                // that a removal waits for this commit and then purges what it created), the
-                // event (nothing if the id exists: ON CONFLICT waits for a concurrent publish
-                // of the same id to finish), and a pending delivery per live target. An
-                // event that matches nothing keeps its id (a repeat stays idempotent) but not
-                // its body: nothing will ever send it.
-                let row = query(
-                    "WITH live AS MATERIALIZED (
-                         SELECT uid FROM subscriptions
-                         WHERE uid = ANY($6) AND live AND namespace = $1
-                         FOR SHARE
-                     ), ev AS (
-                         INSERT INTO events (namespace, event_id, event_type, body, published_ms, matched)
-                         SELECT $1, $2, $3, CASE WHEN count(*) = 0 THEN ''::bytea ELSE $4 END, $5, count(*)
-                         FROM live
-                         ON CONFLICT (namespace, event_id) DO NOTHING
-                         RETURNING id
-                     ), made AS (
-                         INSERT INTO deliveries (event, sub_uid, state, due_ms, window_start_ms)
-                         SELECT ev.id, live.uid, 0, $5, $5 FROM ev, live
-                         RETURNING sub_uid
-                     ), notified AS (
-                         SELECT pg_notify('herald_new_work', CASE
-                             WHEN sum(length(sub_uid) + 1) > 7000 THEN 'e:' || $1 || ':' || $3
-                             ELSE string_agg(sub_uid, ',') END)
-                         FROM made HAVING count(*) > 0
-                     )
-                     SELECT EXISTS (SELECT 1 FROM ev), coalesce(array_agg(sub_uid), ARRAY[]::text[]),
-                            (SELECT count(*) FROM notified)
-                     FROM made",
-                )
-                .bind(&event.namespace)
-                .bind(&event.event_id)
-                .bind(&event.event_type)
-                .bind(&event.body)
-                .bind(event.published_ms)
-                .bind(&targets)
-                .fetch_one(&self.synced)
-                .await?;
-                if row.try_get::<bool, _>(0)? {
-                    let made: HashSet<String> =
-                        row.try_get::<Vec<String>, _>(1)?.into_iter().collect();
-                    let live: Vec<String> = targets
-                        .iter()
-                        .filter(|t| made.contains(*t))
-                        .cloned()
-                        .collect();
-                    return Ok(PublishResult {
-                        event_id: event.event_id.clone(),
-                        matched: live.len() as u32,
-                        duplicate: false,
-                        targets: live,
-                    });
-                }
-                if let Some(first) = first_answer(&self.synced, &event.namespace, &event.event_id).await? {
-                    return Ok(first);
-                }
-            }
-            Err(sqlx_core::Error::Protocol(
-                "publish: the event id conflicted with an event that then vanished".into(),
-            ))
-        })
-        .await
+        self.publishes.publish(event, targets).await
     }
 
     /// Publishes and replays NOTIFY `herald_new_work` with what they gave work (in the same
@@ -1370,6 +1314,130 @@ mod tests {
                 .unwrap()
                 .pending,
             0
+        );
+        store.close().await;
+    }
+
+    /// Publishes to other subscriptions go ahead while one subscription's removal holds its
+    /// row, though they are joined into the same group commits: only the publishes to that
+    /// subscription wait (three of them, one per committer, before the others).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn publishes_to_others_do_not_wait_for_a_removal_in_progress() {
+        let Some(server) = Postgres::start() else {
+            return;
+        };
+        let store = Arc::new(connect(&server).await);
+        store.upsert_subscription(sub("held")).await.unwrap();
+        store.upsert_subscription(sub("free")).await.unwrap();
+        let mut removal = raw(&server.url).await;
+        removal.execute("BEGIN").await.unwrap();
+        removal
+            .execute("UPDATE subscriptions SET live = false WHERE uid = 'held'")
+            .await
+            .unwrap();
+        let publish = |id: String, uid: &str| {
+            let (store, targets) = (store.clone(), vec![uid.to_string()]);
+            tokio::spawn(async move { store.publish(event(&id), targets).await })
+        };
+        let held: Vec<_> = (0..3)
+            .map(|i| publish(format!("held-{i}"), "held"))
+            .collect();
+        let started = std::time::Instant::now();
+        let free: Vec<_> = (0..40)
+            .map(|i| publish(format!("free-{i}"), "free"))
+            .collect();
+        for f in free {
+            let result = tokio::time::timeout(Duration::from_secs(10), f)
+                .await
+                .expect("a publish to another subscription waited for the removal")
+                .unwrap()
+                .unwrap();
+            assert_eq!(result.matched, 1);
+        }
+        let took = started.elapsed();
+        assert!(
+            held.iter().all(|h| !h.is_finished()),
+            "a publish went ahead of the removal"
+        );
+        removal.execute("COMMIT").await.unwrap();
+        for h in held {
+            assert_eq!(h.await.unwrap().unwrap().matched, 0);
+        }
+        println!("40 publishes beside a removal in progress took {took:?}");
+        store.close().await;
+    }
+
+    /// One publish the server refuses (a NUL in a text column) fails alone; the publishes
+    /// joined with it in a group commit are written.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn a_refused_publish_fails_alone() {
+        let Some(server) = Postgres::start() else {
+            return;
+        };
+        let store = Arc::new(connect(&server).await);
+        store.upsert_subscription(sub("s")).await.unwrap();
+        let publishes: Vec<_> = (0..60)
+            .map(|i| {
+                let store = store.clone();
+                let mut event = event(&format!("e-{i}"));
+                if i == 30 {
+                    event.event_type = "bad\0type".into();
+                }
+                tokio::spawn(async move { (i, store.publish(event, vec!["s".into()]).await) })
+            })
+            .collect();
+        for p in publishes {
+            match p.await.unwrap() {
+                (30, result) => assert!(matches!(result, Err(Error::Backend(_))), "{result:?}"),
+                (i, result) => assert_eq!(result.unwrap().matched, 1, "publish {i}"),
+            }
+        }
+        assert_eq!(
+            store
+                .subscription_state("s")
+                .await
+                .unwrap()
+                .unwrap()
+                .pending,
+            59
+        );
+        store.close().await;
+    }
+
+    /// Concurrent publishes share transactions (an event's `xmin` is the transaction that
+    /// wrote it), and each is answered as written.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn concurrent_publishes_share_commits() {
+        let Some(server) = Postgres::start() else {
+            return;
+        };
+        let store = Arc::new(connect(&server).await);
+        store.upsert_subscription(sub("s")).await.unwrap();
+        let publishes: Vec<_> = (0..400)
+            .map(|i| {
+                let store = store.clone();
+                tokio::spawn(async move {
+                    store
+                        .publish(event(&format!("g-{i}")), vec!["s".into()])
+                        .await
+                })
+            })
+            .collect();
+        for p in publishes {
+            assert_eq!(p.await.unwrap().unwrap().targets, vec!["s".to_string()]);
+        }
+        let mut conn = raw(&server.url).await;
+        let (events, transactions): (i64, i64) = sqlx_core::query_as::query_as(
+            "SELECT count(*), count(DISTINCT xmin::text) FROM events WHERE event_id LIKE 'g-%'",
+        )
+        .fetch_one(&mut conn)
+        .await
+        .unwrap();
+        println!("400 concurrent publishes: {events} events in {transactions} transactions");
+        assert_eq!(events, 400);
+        assert!(
+            transactions <= 100,
+            "{transactions} transactions for 400 publishes"
         );
         store.close().await;
     }
