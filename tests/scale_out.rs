@@ -1139,6 +1139,80 @@ async fn rfc_0215_b_deletion_stops_every_replica() {
     );
 }
 
+/// What the PostgreSQL server does over a phase of a benchmark: its CPU (its processes,
+/// from /proc), the statements it ran (pg_stat_statements, which scripts/postgres loads)
+/// and the WAL it wrote.
+struct ServerUse {
+    cpu: Duration,
+    wal_lsn: String,
+}
+
+impl ServerUse {
+    async fn connect(pg: &Postgres) -> sqlx_postgres::PgConnection {
+        use sqlx_core::connection::Connection;
+        sqlx_postgres::PgConnection::connect(&pg.url).await.unwrap()
+    }
+
+    /// Starts counting from now.
+    async fn mark(pg: &Postgres) -> Self {
+        let mut conn = Self::connect(pg).await;
+        sqlx_core::query::query("SELECT pg_stat_statements_reset()")
+            .execute(&mut conn)
+            .await
+            .unwrap();
+        let wal_lsn: String =
+            sqlx_core::query_scalar::query_scalar("SELECT pg_current_wal_lsn()::text")
+                .fetch_one(&mut conn)
+                .await
+                .unwrap();
+        Self {
+            cpu: support::cpu::of_tree(pg.postmaster_pid().expect("the server runs")),
+            wal_lsn,
+        }
+    }
+
+    /// Prints, per event, the server's CPU, statements and WAL bytes since [`Self::mark`],
+    /// and the statements that took most of its time.
+    async fn report(self, pg: &Postgres, events: usize) {
+        let cpu = support::cpu::of_tree(pg.postmaster_pid().expect("the server runs")) - self.cpu;
+        let mut conn = Self::connect(pg).await;
+        let wal: f64 = sqlx_core::query_scalar::query_scalar(
+            "SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), $1::pg_lsn)::float8",
+        )
+        .bind(&self.wal_lsn)
+        .fetch_one(&mut conn)
+        .await
+        .unwrap();
+        // herald's own statements: not this connection's.
+        let rows: Vec<(i64, f64, String)> = sqlx_core::query_as::query_as(
+            "SELECT calls, total_exec_time, left(regexp_replace(query, '\\s+', ' ', 'g'), 90)
+             FROM pg_stat_statements
+             WHERE query NOT LIKE '%pg_stat_statements%' AND query NOT LIKE '%pg_current_wal_lsn%'
+             ORDER BY total_exec_time DESC",
+        )
+        .fetch_all(&mut conn)
+        .await
+        .unwrap();
+        let n = events as f64;
+        let calls: i64 = rows.iter().map(|r| r.0).sum();
+        let time: f64 = rows.iter().map(|r| r.1).sum();
+        eprintln!(
+            "  PostgreSQL per event: CPU {:.0} µs, {:.2} statements ({:.0} µs executing), WAL {:.0} bytes",
+            cpu.as_secs_f64() * 1e6 / n,
+            calls as f64 / n,
+            time * 1e3 / n,
+            wal / n
+        );
+        for (calls, ms, query) in rows.iter().take(8) {
+            eprintln!(
+                "    {:.2}/event, {:.0} µs/event: {query}",
+                *calls as f64 / n,
+                ms * 1e3 / n
+            );
+        }
+    }
+}
+
 /// Not part of the test command: end-to-end throughput in cluster mode with the embedded
 /// store (one replica), PostgreSQL with one replica and PostgreSQL with three, measured in
 /// one run against the same receiver, as ratios to the embedded store. Run it with a
@@ -1180,6 +1254,15 @@ async fn throughput_with_one_and_three_replicas() {
         // Event ids differ per run, so no run is a repeat of another.
         let before = receiver.count();
         let run_types: Vec<(String, String)> = types.clone();
+        let herald_cpu = |replicas: &[Operator]| -> Duration {
+            replicas.iter().map(|r| support::cpu::of(r.pid())).sum()
+        };
+        let herald_before = herald_cpu(&replicas);
+        let server_before = if store {
+            Some(ServerUse::mark(&pg).await)
+        } else {
+            None
+        };
         let started = Instant::now();
         let load = Load::start_from(&replicas, tokens.clone(), run_types, events, offset);
         let acknowledged = load.finish().await;
@@ -1190,7 +1273,14 @@ async fn throughput_with_one_and_three_replicas() {
             })
             .await;
         let rate = events as f64 / started.elapsed().as_secs_f64();
-        eprintln!("throughput, {label}: {rate:.0} events/s end to end");
+        let herald_used = herald_cpu(&replicas) - herald_before;
+        eprintln!(
+            "throughput, {label}: {rate:.0} events/s end to end; herald CPU {:.0} µs an event",
+            herald_used.as_secs_f64() * 1e6 / events as f64
+        );
+        if let Some(mark) = server_before {
+            mark.report(&pg, events).await;
+        }
         rates.push((label, rate));
         offset += events;
         for mut r in replicas {

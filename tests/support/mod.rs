@@ -2,6 +2,7 @@
 #![allow(dead_code)]
 
 pub mod control_plane;
+pub mod cpu;
 pub mod herald;
 pub mod operator;
 pub mod postgres;

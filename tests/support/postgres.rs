@@ -67,6 +67,13 @@ impl Postgres {
         format!("{server}/{database}")
     }
 
+    /// The server's main process (its backends are its children), while it runs.
+    #[allow(dead_code)] // the benchmarks only
+    pub fn postmaster_pid(&self) -> Option<u32> {
+        let pid = std::fs::read_to_string(self.dir.join("data/postmaster.pid")).ok()?;
+        pid.lines().next()?.trim().parse().ok()
+    }
+
     /// Stops the server (a clean shutdown), keeping its data.
     pub fn stop(&self) {
         self.run("stop");
