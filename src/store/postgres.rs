@@ -8,23 +8,29 @@
 //! COMMITTED; what makes them safe together is a fixed lock order: first the subscription
 //! row, then delivery rows.
 //!
-//! - The B1 fence. [`Store::claim_next`] locks the subscription row `FOR SHARE` while it is
-//!   live, enabled and unpaused, and only then, in the same statement, picks and marks the
-//!   next due delivery (`FOR UPDATE SKIP LOCKED`, so two claimers, on one replica or
-//!   several, never get the same delivery). [`Store::remove_subscription`] tombstones the row
-//!   (an update, which waits for every claim holding it `FOR SHARE` and makes every later
-//!   claim wait for it, then see the tombstone) and then, in the same transaction, deletes
-//!   the unfinished deliveries, so it also purges what a claim just before it marked in
-//!   flight. Publish and replay hold the row `FOR SHARE` too, so no delivery for a removed
-//!   subscription is created or revived after its purge.
+//! - The B1 fence. [`Store::claim_next`] locks the subscription row `FOR KEY SHARE` while
+//!   it is live, enabled and unpaused, and only then, in the same statement, picks and marks
+//!   the next due delivery (`FOR UPDATE SKIP LOCKED`, so two claimers, on one replica or
+//!   several, never get the same delivery). [`Store::remove_subscription`] locks the row
+//!   `FOR UPDATE` (which waits for every claim holding it and makes every later claim wait
+//!   for the commit, then see the tombstone), tombstones it and then, in the same
+//!   transaction, deletes the unfinished deliveries, so it also purges what a claim just
+//!   before it marked in flight. Publish and replay hold the row `FOR KEY SHARE` too, so no
+//!   delivery for a removed subscription is created or revived after its purge. Pausing,
+//!   enabling and disabling lock the row `FOR UPDATE` in the same way.
+//! - Why `FOR KEY SHARE` and not `FOR SHARE`: a completion updates the row's counters (a
+//!   `FOR NO KEY UPDATE` lock), which `FOR SHARE` would make wait for every publish holding
+//!   the row until its commit is flushed to disk. Only the fences above need to exclude
+//!   publishes and claims, and they take the one lock that does.
 //! - The shard fence ([`Store::claim_fenced`]): the claim also holds the shard's
 //!   `shard_owners` row `FOR SHARE` while it carries the claimer's lease epoch, before it
 //!   locks a delivery. [`Store::take_shard`] raises the epoch (an update: it waits for those
 //!   claims, and every later one sees the new epoch) and then, in the same transaction,
 //!   makes the shard's attempts in flight due again, including what a claim just before it
 //!   took: once it returns, the old holder claims nothing in that shard.
-//! - [`Store::complete`] locks the subscription row before the delivery row (to count), in
-//!   the order everything else does, so a completion and a removal never deadlock.
+//! - [`Store::complete`] locks the subscription row (`FOR NO KEY UPDATE`, to count) before
+//!   the delivery row, in the order everything else does, so a completion and a removal
+//!   never deadlock.
 //!
 //! **Durability**, as in the embedded store: commits that acknowledge an event or change a
 //! subscription (publish, replay, upsert, remove, enable/disable, the readiness write) run
@@ -328,6 +334,12 @@ impl PostgresStore {
 impl Store for PostgresStore {
     async fn upsert_subscription(&self, sub: SubscriptionRecord) -> Result<SubscriptionState> {
         within(OP_TIMEOUT, async {
+            let mut tx = self.synced.begin().await?;
+            // A pause (or a move to another shard) waits for the claims holding the row.
+            query(HOLD_SUBSCRIPTION)
+                .bind(&sub.uid)
+                .execute(&mut *tx)
+                .await?;
             query(
                 "INSERT INTO subscriptions (uid, namespace, name, paused, disable_after, shard)
                  VALUES ($1, $2, $3, $4, $5, $6)
@@ -342,8 +354,9 @@ impl Store for PostgresStore {
             .bind(sub.paused)
             .bind(sub.disable_after.min(i32::MAX as u32) as i32)
             .bind(shard_number(sub.shard))
-            .execute(&self.synced)
+            .execute(&mut *tx)
             .await?;
+            tx.commit().await?;
             let row = query(STATE_OF)
                 .bind(&sub.uid)
                 .fetch_optional(&self.synced)
@@ -358,8 +371,9 @@ impl Store for PostgresStore {
     async fn remove_subscription(&self, uid: &str) -> Result<u64> {
         within(BULK_TIMEOUT, async {
             let mut tx = self.synced.begin().await?;
-            // The tombstone first: it waits for every claim and publish holding the row, and
-            // holds off every later one until the commit (after which they see it).
+            // The row first: that waits for every claim and publish holding it, and holds off
+            // every later one until the commit (after which they see the tombstone).
+            query(HOLD_SUBSCRIPTION).bind(uid).execute(&mut *tx).await?;
             query(
                 "INSERT INTO subscriptions (uid, namespace, name, live) VALUES ($1, '', '', false)
                  ON CONFLICT (uid) DO UPDATE SET live = false",
@@ -382,6 +396,8 @@ impl Store for PostgresStore {
 
     async fn set_disabled(&self, uid: &str, disabled: bool) -> Result<SubscriptionState> {
         within(OP_TIMEOUT, async {
+            let mut tx = self.synced.begin().await?;
+            query(HOLD_SUBSCRIPTION).bind(uid).execute(&mut *tx).await?;
             query(
                 "UPDATE subscriptions SET disabled = $2,
                      consecutive_failures = CASE WHEN $2 THEN consecutive_failures ELSE 0 END
@@ -389,8 +405,9 @@ impl Store for PostgresStore {
             )
             .bind(uid)
             .bind(disabled)
-            .execute(&self.synced)
+            .execute(&mut *tx)
             .await?;
+            tx.commit().await?;
             let row = query(STATE_OF)
                 .bind(uid)
                 .fetch_optional(&self.synced)
@@ -835,10 +852,10 @@ impl Store for PostgresStore {
 
     async fn replay(&self, uid: &str, event_ids: Option<Vec<String>>, now_ms: i64) -> Result<u64> {
         within(BULK_TIMEOUT, async {
-            // FOR SHARE on a live row, as a publish: a removal waits, then purges them.
+            // FOR KEY SHARE on a live row, as a publish: a removal waits, then purges them.
             Ok(query(
                 "WITH sub AS MATERIALIZED (
-                     SELECT uid, namespace FROM subscriptions WHERE uid = $1 AND live FOR SHARE
+                     SELECT uid, namespace FROM subscriptions WHERE uid = $1 AND live FOR KEY SHARE
                  )
                  , replayed AS (
                      UPDATE deliveries SET state = 0, attempts = 0, due_ms = $2,
@@ -890,7 +907,12 @@ impl Store for PostgresStore {
     }
 }
 
-/// The fence and the claim in one statement. `sub` locks the subscription row FOR SHARE
+/// What removals, pauses, enabling and disabling take first: the one lock on a
+/// subscription row that excludes the `FOR KEY SHARE` of publishes and claims (see the
+/// module's notes).
+const HOLD_SUBSCRIPTION: &str = "SELECT 1 FROM subscriptions WHERE uid = $1 FOR UPDATE";
+
+/// The fence and the claim in one statement. `sub` locks the subscription row FOR KEY SHARE
 /// only while it is live, enabled and unpaused (a removal in progress makes it wait, then
 /// see the tombstone); `next` depends on `sub`'s result, so no delivery is locked before the
 /// subscription is. SKIP LOCKED: a delivery another claimer is taking is left to it.
@@ -898,7 +920,7 @@ const CLAIM: &str = "
     WITH sub AS MATERIALIZED (
         SELECT uid FROM subscriptions
         WHERE uid = $1 AND live AND NOT paused AND NOT disabled
-        FOR SHARE
+        FOR KEY SHARE
     ), next AS MATERIALIZED (
         SELECT id FROM deliveries
         WHERE sub_uid = (SELECT uid FROM sub) AND state = 0 AND due_ms <= $2
@@ -919,7 +941,7 @@ const CLAIM_FENCED: &str = "
     WITH sub AS MATERIALIZED (
         SELECT uid FROM subscriptions
         WHERE uid = $1 AND live AND NOT paused AND NOT disabled AND shard = $3
-        FOR SHARE
+        FOR KEY SHARE
     ), owner AS MATERIALIZED (
         SELECT shard FROM shard_owners
         WHERE shard = $3 AND epoch = $4 AND EXISTS (SELECT 1 FROM sub)
@@ -1275,7 +1297,7 @@ mod tests {
         let mut removal = raw(&server.url).await;
         removal.execute("BEGIN").await.unwrap();
         removal
-            .execute("UPDATE subscriptions SET live = false WHERE uid = 'f1'")
+            .execute("SELECT 1 FROM subscriptions WHERE uid = 'f1' FOR UPDATE; UPDATE subscriptions SET live = false WHERE uid = 'f1'")
             .await
             .unwrap();
         let claim = tokio::spawn({
@@ -1332,7 +1354,7 @@ mod tests {
         let mut removal = raw(&server.url).await;
         removal.execute("BEGIN").await.unwrap();
         removal
-            .execute("UPDATE subscriptions SET live = false WHERE uid = 'held'")
+            .execute("SELECT 1 FROM subscriptions WHERE uid = 'held' FOR UPDATE; UPDATE subscriptions SET live = false WHERE uid = 'held'")
             .await
             .unwrap();
         let publish = |id: String, uid: &str| {

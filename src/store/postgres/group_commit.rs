@@ -36,14 +36,14 @@ const MAX_BATCH_BYTES: usize = 8 << 20;
 /// deadline).
 const QUEUE: usize = 4096;
 /// How long a committer's transaction waits for a subscription row. Publishes wait for
-/// what holds one (a completion, briefly; a removal, for as long as it purges the backlog):
+/// what holds one `FOR UPDATE` (a pause, briefly; a removal, as long as it purges the backlog):
 /// beyond this the batch is written again one publish at a time, each in a task of its
 /// own, so that only the publish to that subscription waits, and no committer.
 const SHARED_LOCK_TIMEOUT: &str = "SET LOCAL lock_timeout = '250ms'";
 /// A NOTIFY payload must stay under 8,000 bytes.
 const PAYLOAD_BYTES: usize = 7000;
 
-/// One publish: the live targets (held FOR SHARE, so that a removal waits for this commit
+/// One publish: the live targets (held FOR KEY SHARE, so that a removal waits for this commit
 /// and then purges what it created), the event (nothing if the id exists: ON CONFLICT
 /// waits for a concurrent publish of the same id to finish), and a pending delivery per
 /// live target. An event that matches nothing keeps its id (a repeat stays idempotent) but
@@ -52,7 +52,7 @@ const PUBLISH: &str = "
     WITH live AS MATERIALIZED (
         SELECT uid FROM subscriptions
         WHERE uid = ANY($6) AND live AND namespace = $1
-        FOR SHARE
+        FOR KEY SHARE
     ), ev AS (
         INSERT INTO events (namespace, event_id, event_type, body, published_ms, matched)
         SELECT $1, $2, $3, CASE WHEN count(*) = 0 THEN ''::bytea ELSE $4 END, $5, count(*)
