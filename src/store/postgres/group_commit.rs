@@ -10,9 +10,10 @@
 //! with one NOTIFY, and answer each once that commit returns. A lone publish waits for
 //! nothing: a committer that is free takes it at once.
 //!
-//! One publish's failure never fails the others joined with it: a batch that fails for a
-//! reason other than the server being unavailable (or that waited too long for a row lock)
-//! is written again one publish at a time, each in a task of its own.
+//! One publish's failure never fails the others joined with it: a batch the server refuses
+//! (or that waited too long for a row lock) is written again one publish at a time, each
+//! in a task of its own. A server that cannot be reached fails the batch and everything
+//! queued behind it at once, as fast as a lone publish would fail.
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -142,12 +143,17 @@ async fn committer(pool: PgPool, queued: Arc<Mutex<mpsc::Receiver<Queued>>>) {
             }
             batch
         };
-        commit_and_answer(&pool, batch).await;
+        commit_and_answer(&pool, batch, &queued).await;
     }
 }
 
-/// Writes `batch` and answers each of its publishes.
-async fn commit_and_answer(pool: &PgPool, batch: Vec<Queued>) {
+/// Writes `batch` and answers each of its publishes (and, when the server cannot be
+/// reached, every publish still `queued`).
+async fn commit_and_answer(
+    pool: &PgPool,
+    batch: Vec<Queued>,
+    queued: &Mutex<mpsc::Receiver<Queued>>,
+) {
     let items: Vec<&Queued> = batch.iter().collect();
     let written = tokio::time::timeout(OP_TIMEOUT, write(pool, &items, true)).await;
     match written {
@@ -169,12 +175,31 @@ async fn commit_and_answer(pool: &PgPool, batch: Vec<Queued>) {
         // backlog), or, in a batch, one publish the server refused: that must not hold up
         // or fail the others, nor the committer. Each again in a transaction of its own,
         // side by side, answered as soon as it commits.
-        Ok(Err(e)) if waited_for_a_lock(&e) || (batch.len() > 1 && !is_unavailable(&e)) => {
+        // The server cannot be reached (it took the pool its whole acquire timeout to say
+        // so): the publishes queued meanwhile are told so too, at once, rather than each
+        // waiting for a committer to find the same, one batch after another.
+        Ok(Err(e)) if unreachable(&e) => {
+            let message = classify(e).to_string();
+            let mut refused = batch;
+            if let Ok(mut queued) = queued.try_lock() {
+                while let Ok(next) = queued.try_recv() {
+                    refused.push(next);
+                }
+            }
+            for item in refused {
+                let _ = item.answer.send(Err(Error::Unavailable(message.clone())));
+            }
+        }
+        // A subscription row held longer than the committers wait (a removal purging its
+        // backlog), or, in a batch, anything the server refused (a value, a deadlock): that
+        // must not hold up or fail the others, nor the committer. Each again in a
+        // transaction of its own, side by side, answered as soon as it commits.
+        Ok(Err(e)) if waited_for_a_lock(&e) || batch.len() > 1 => {
             for item in batch {
                 tokio::spawn(alone(pool.clone(), item));
             }
         }
-        // The server cannot take work now (or refused the one publish): each is told so.
+        // The server refused the one publish, or cannot take work now: it is told so.
         Ok(Err(e)) => {
             let error = classify(e);
             let unavailable = matches!(error, Error::Unavailable(_));
@@ -195,6 +220,11 @@ async fn commit_and_answer(pool: &PgPool, batch: Vec<Queued>) {
             }
         }
     }
+}
+
+/// The server could not be reached, rather than answering with an error of its own.
+fn unreachable(e: &sqlx_core::Error) -> bool {
+    !matches!(e, sqlx_core::Error::Database(_)) && is_unavailable(e)
 }
 
 /// A lock wait that outlasted [`SHARED_LOCK_TIMEOUT`].
