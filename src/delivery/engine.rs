@@ -79,6 +79,9 @@ pub enum Notice {
         name: String,
         event_id: String,
         attempt: u32,
+        /// When the request started (Unix ms): the line is written once the result is
+        /// recorded, which may be much later (a slow store, a paused process).
+        started_ms: i64,
         outcome: Outcome,
         status_code: Option<u16>,
         latency_ms: u64,
@@ -1359,6 +1362,7 @@ impl Engine {
             event_id = %claimed.event_id,
             attempt = claimed.attempt,
         );
+        let started_ms = now_ms();
         let result = match &config.signer {
             Some(signer) => {
                 let target = Target {
@@ -1472,6 +1476,7 @@ impl Engine {
                 name: config.name.to_string(),
                 event_id: claimed.event_id.clone(),
                 attempt: claimed.attempt,
+                started_ms,
                 outcome: result.outcome,
                 status_code: result.status,
                 latency_ms: record.latency_ms,
