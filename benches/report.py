@@ -65,6 +65,18 @@ EXPECTED = {
         "reconcile.cluster",
         "startup.cluster",
     ],
+    "scale_out": [
+        "scale_out.postgres_1",
+        "scale_out.postgres_3",
+        "scale_out.cpu_3",
+        *(
+            f"scale_out.postgres_{n}.{what}"
+            for n in (1, 3)
+            for what in ("server_cpu", "herald_cpu", "statements", "wal")
+        ),
+        "scale_out.ceiling_per_server_core",
+        "scale_out.drain_postgres",
+    ],
 }
 BENCHES = list(EXPECTED)
 

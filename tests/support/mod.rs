@@ -7,6 +7,7 @@ pub mod herald;
 pub mod operator;
 pub mod postgres;
 pub mod receiver;
+pub mod scale_out;
 pub mod tls;
 
 /// A new empty folder `<temp>/<prefix>-<pid>-<n>` for one test's files.

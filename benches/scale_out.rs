@@ -1,0 +1,429 @@
+//! Scale-out figures (cluster mode, against a real kube-apiserver and a real PostgreSQL),
+//! each against a reference from the same run:
+//! - end to end (from the first publish to the last arrival; 32 producers, 32 subscriptions
+//!   in 4 namespaces) on PostgreSQL with one replica, against the embedded store;
+//! - the same with three replicas, against one replica, and their CPU per delivered event
+//!   (herald's processes and the PostgreSQL server's, from /proc), against one replica's;
+//! - per event on PostgreSQL: the server's CPU, herald's CPU, the statements herald ran
+//!   (pg_stat_statements) and the WAL written, and the ceiling per server core they project;
+//! - herald's drain on PostgreSQL (events stored while every subscription is paused, then
+//!   delivered once unpaused), against River's own burn-down benchmark (`river bench`, a
+//!   job queue in Go nobody here wrote; scripts/river builds its CLI) on the same server.
+//!
+//! Needs the test control plane (`scripts/control-plane build`), PostgreSQL
+//! (`scripts/postgres`) and Go (for River). Run: `cargo bench --bench scale_out`
+//! (`HERALD_BENCH_MODE=quick`: 2,000 events a phase and 10,000 River jobs; full: 10,000
+//! and 50,000).
+
+#[path = "../tests/support/mod.rs"]
+mod support;
+
+mod common;
+
+use std::collections::HashSet;
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use common::{Report, Target, thousands};
+use sqlx_core::connection::Connection;
+use sqlx_postgres::PgConnection;
+use support::control_plane::ControlPlane;
+use support::operator::Operator;
+use support::postgres::Postgres;
+use support::receiver::Receiver;
+use support::scale_out::{Load, cluster, replica, tenants, tokens, wait_for_holders};
+
+const NAMESPACES: usize = 4;
+const PER_NAMESPACE: usize = 8;
+
+/// What the PostgreSQL server does over a phase: its CPU (its processes, from /proc), the
+/// statements it ran (pg_stat_statements, which scripts/postgres loads) and the WAL it
+/// wrote.
+struct ServerUse {
+    cpu: Duration,
+    wal_lsn: String,
+}
+
+/// Per event over a phase.
+struct PerEvent {
+    server_cpu_us: f64,
+    statements: f64,
+    wal_bytes: f64,
+}
+
+async fn connect(url: &str) -> PgConnection {
+    PgConnection::connect(url)
+        .await
+        .expect("connecting to PostgreSQL")
+}
+
+impl ServerUse {
+    /// Starts counting from now.
+    async fn mark(pg: &Postgres) -> Self {
+        let mut conn = connect(&pg.url).await;
+        sqlx_core::query::query("SELECT pg_stat_statements_reset()")
+            .execute(&mut conn)
+            .await
+            .unwrap();
+        let wal_lsn: String =
+            sqlx_core::query_scalar::query_scalar("SELECT pg_current_wal_lsn()::text")
+                .fetch_one(&mut conn)
+                .await
+                .unwrap();
+        Self {
+            cpu: support::cpu::of_tree(pg.postmaster_pid().expect("the server runs")),
+            wal_lsn,
+        }
+    }
+
+    /// Per event since [`Self::mark`]; prints the statements that took most of the
+    /// server's time.
+    async fn per_event(self, pg: &Postgres, events: usize) -> PerEvent {
+        let cpu = support::cpu::of_tree(pg.postmaster_pid().expect("the server runs")) - self.cpu;
+        let mut conn = connect(&pg.url).await;
+        let wal: f64 = sqlx_core::query_scalar::query_scalar(
+            "SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), $1::pg_lsn)::float8",
+        )
+        .bind(&self.wal_lsn)
+        .fetch_one(&mut conn)
+        .await
+        .unwrap();
+        // herald's statements, not this connection's.
+        let rows: Vec<(i64, f64, String)> = sqlx_core::query_as::query_as(
+            "SELECT calls, total_exec_time, left(regexp_replace(query, '\\s+', ' ', 'g'), 90)
+             FROM pg_stat_statements
+             WHERE query NOT LIKE '%pg_stat_statements%' AND query NOT LIKE '%pg_current_wal_lsn%'
+             ORDER BY total_exec_time DESC",
+        )
+        .fetch_all(&mut conn)
+        .await
+        .unwrap();
+        let n = events as f64;
+        for (calls, ms, query) in rows.iter().take(6) {
+            println!(
+                "    {:.2}/event, {:.0} µs/event executing: {query}",
+                *calls as f64 / n,
+                ms * 1e3 / n
+            );
+        }
+        PerEvent {
+            server_cpu_us: cpu.as_secs_f64() * 1e6 / n,
+            statements: rows.iter().map(|r| r.0).sum::<i64>() as f64 / n,
+            wal_bytes: wal / n,
+        }
+    }
+}
+
+/// One phase's figures.
+struct Phase {
+    rate: f64,
+    herald_cpu_us: f64,
+    server: Option<PerEvent>,
+}
+
+impl Phase {
+    /// herald's and the server's CPU per event, in µs.
+    fn cpu_us(&self) -> f64 {
+        self.herald_cpu_us + self.server.as_ref().map_or(0.0, |s| s.server_cpu_us)
+    }
+}
+
+fn herald_cpu(replicas: &[Operator]) -> Duration {
+    replicas.iter().map(|r| support::cpu::of(r.pid())).sum()
+}
+
+/// Starts `count` replicas (on PostgreSQL, sharing the shards, or one on the embedded store).
+async fn start(cp: &ControlPlane, pg: Option<&Postgres>, count: usize) -> Vec<Operator> {
+    let mut replicas = Vec::new();
+    for i in 0..count {
+        replicas.push(match pg {
+            Some(pg) => replica(cp, pg, &format!("replica-{i}")).await,
+            None => Operator::start(cp, &[]).await,
+        });
+    }
+    if pg.is_some() {
+        wait_for_holders(cp, "shards spread", |h| {
+            h.len() == 12 && h.values().collect::<HashSet<_>>().len() == count
+        })
+        .await;
+    }
+    replicas
+}
+
+async fn stop(cp: &ControlPlane, replicas: Vec<Operator>, shared: bool) {
+    for mut r in replicas {
+        r.terminate(Duration::from_secs(30));
+    }
+    if shared {
+        wait_for_holders(cp, "leases released", |h| h.is_empty()).await;
+    }
+}
+
+/// Publishes `events` (ids from `offset`) through `replicas` and waits until every one has
+/// arrived: the rate from the first publish to the last arrival, and the CPU it took.
+#[allow(clippy::too_many_arguments)]
+async fn end_to_end(
+    label: &str,
+    replicas: &[Operator],
+    pg: Option<&Postgres>,
+    receiver: &Receiver,
+    tokens: &std::collections::HashMap<String, String>,
+    types: &[(String, String)],
+    events: usize,
+    offset: usize,
+) -> Phase {
+    let before = receiver.count();
+    let herald_before = herald_cpu(replicas);
+    let server_before = match pg {
+        Some(pg) => Some(ServerUse::mark(pg).await),
+        None => None,
+    };
+    let started = Instant::now();
+    let load = Load::start_from(replicas, tokens.clone(), types.to_vec(), events, offset);
+    assert_eq!(load.finish().await.len(), events);
+    receiver
+        .wait_until(label, Duration::from_secs(600), |h| {
+            h.len() >= before + events
+        })
+        .await;
+    let rate = events as f64 / started.elapsed().as_secs_f64();
+    let herald_cpu_us = (herald_cpu(replicas) - herald_before).as_secs_f64() * 1e6 / events as f64;
+    println!("{label}: {rate:.0} events/s end to end; herald CPU {herald_cpu_us:.0} µs an event");
+    let server = match (server_before, pg) {
+        (Some(mark), Some(pg)) => Some(mark.per_event(pg, events).await),
+        _ => None,
+    };
+    if let Some(s) = &server {
+        println!(
+            "  PostgreSQL per event: CPU {:.0} µs, {:.2} statements, WAL {:.0} bytes",
+            s.server_cpu_us, s.statements, s.wal_bytes
+        );
+    }
+    Phase {
+        rate,
+        herald_cpu_us,
+        server,
+    }
+}
+
+/// Sets `spec.paused` on every subscription and waits until herald says so in each one's
+/// Ready condition (its shard's holder has seen it).
+fn pause_all(cp: &ControlPlane, receiver: &Receiver, paused: bool) {
+    let (mut manifests, _) = tenants(receiver, NAMESPACES, PER_NAMESPACE);
+    manifests.retain(|m| m["kind"] == "WebhookSubscription");
+    for m in &mut manifests {
+        m["spec"]["paused"] = paused.into();
+    }
+    cp.apply(&manifests);
+    if !paused {
+        return;
+    }
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let out = cp.kubectl_ok(&["get", "whsub", "-A", "-o", "json"]);
+        let list: serde_json::Value = serde_json::from_str(&out).unwrap();
+        let items = list["items"].as_array().cloned().unwrap_or_default();
+        let shown = items
+            .iter()
+            .filter(|i| {
+                i["status"]["conditions"].as_array().is_some_and(|c| {
+                    c.iter()
+                        .any(|c| c["type"] == "Ready" && c["reason"] == "Paused")
+                })
+            })
+            .count();
+        if shown == manifests.len() {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{shown} of {} subscriptions show Paused",
+            manifests.len()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// River's `river bench` burn-down of `jobs` jobs in a database of its own on `pg`: jobs/s.
+async fn river(pg: &Postgres, jobs: usize) -> f64 {
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let built = Command::new(repo.join("scripts/river"))
+        .arg("build")
+        .output()
+        .expect("running scripts/river build");
+    assert!(
+        built.status.success(),
+        "scripts/river build failed:\n{}",
+        String::from_utf8_lossy(&built.stderr)
+    );
+    let river = String::from_utf8_lossy(&built.stdout).trim().to_string();
+    let mut conn = connect(&pg.url).await;
+    sqlx_core::query::query("CREATE DATABASE river")
+        .execute(&mut conn)
+        .await
+        .unwrap();
+    let url = pg.url_of("river");
+    let run = |args: &[&str]| {
+        let out = Command::new(&river)
+            .args(args)
+            .args(["--database-url", &url])
+            .output()
+            .expect("running river");
+        let text = String::from_utf8_lossy(&out.stdout).to_string()
+            + &String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "river {args:?} failed:\n{text}");
+        text
+    };
+    run(&["migrate-up"]);
+    let out = run(&["bench", "--num-total-jobs", &jobs.to_string()]);
+    // "bench: total jobs worked [ 50000 ], ..., overall job/sec [ 16579.6 ], running 3.0s"
+    let rate = out
+        .split("overall job/sec [")
+        .nth(1)
+        .and_then(|rest| rest.split(']').next())
+        .and_then(|n| n.trim().parse::<f64>().ok())
+        .unwrap_or_else(|| panic!("no overall job/sec in river bench's output:\n{out}"));
+    println!(
+        "River: {} jobs burnt down at {rate:.0} jobs/s",
+        thousands(jobs)
+    );
+    rate
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() {
+    let mut report = Report::new("scale_out");
+    let events = report.mode.pick(2_000, 10_000);
+    let jobs = report.mode.pick(10_000, 50_000);
+    report.param("events_per_phase", events);
+    report.param("subscriptions", NAMESPACES * PER_NAMESPACE);
+    report.param("producers", 32);
+    report.param("river_jobs", jobs);
+    let Some((cp, pg, receiver, types)) = cluster(NAMESPACES, PER_NAMESPACE).await else {
+        panic!("the scale-out benchmark needs the control plane and PostgreSQL");
+    };
+    let tokens = tokens(&cp, NAMESPACES);
+    let mut offset = 0;
+    let mut phases = Vec::new();
+    for (label, shared, count) in [
+        ("embedded store, 1 replica", false, 1),
+        ("PostgreSQL, 1 replica", true, 1),
+        ("PostgreSQL, 3 replicas", true, 3),
+    ] {
+        let pg = shared.then_some(&pg);
+        let replicas = start(&cp, pg, count).await;
+        let types = &types;
+        phases.push(
+            end_to_end(
+                label, &replicas, pg, &receiver, &tokens, types, events, offset,
+            )
+            .await,
+        );
+        offset += events;
+        stop(&cp, replicas, shared).await;
+    }
+    let [embedded, one, three] = <[Phase; 3]>::try_from(phases).ok().expect("three phases");
+
+    // The drain: events stored while every subscription is paused, then delivered.
+    let replicas = start(&cp, Some(&pg), 1).await;
+    pause_all(&cp, &receiver, true);
+    let before = receiver.count();
+    let load = Load::start_from(&replicas, tokens.clone(), types.clone(), events, offset);
+    assert_eq!(load.finish().await.len(), events);
+    assert_eq!(receiver.count(), before, "deliveries while paused");
+    let started = Instant::now();
+    pause_all(&cp, &receiver, false);
+    receiver
+        .wait_until("the drain", Duration::from_secs(600), |h| {
+            h.len() >= before + events
+        })
+        .await;
+    let drain = events as f64 / started.elapsed().as_secs_f64();
+    println!("PostgreSQL, 1 replica, drain: {drain:.0} events/s");
+    stop(&cp, replicas, true).await;
+    let river = river(&pg, jobs).await;
+
+    let n = thousands(events);
+    report
+        .add(
+            "scale_out.postgres_1",
+            &format!("end to end on PostgreSQL, one replica ({n} events)"),
+            one.rate,
+            "events/s",
+        )
+        .reference("the embedded store, one replica", embedded.rate)
+        .target(Target::RatioAtLeast(0.5));
+    report
+        .add(
+            "scale_out.postgres_3",
+            &format!("end to end on PostgreSQL, three replicas ({n} events)"),
+            three.rate,
+            "events/s",
+        )
+        .reference("one replica", one.rate)
+        .target(Target::RatioAtLeast(1.0));
+    report
+        .add(
+            "scale_out.cpu_3",
+            "CPU per event with three replicas (herald's processes and the server's)",
+            three.cpu_us(),
+            "µs",
+        )
+        .reference("one replica", one.cpu_us())
+        .target(Target::RatioAtMost(1.1));
+    for (replicas, p) in [("1", &one), ("3", &three)] {
+        let s = p.server.as_ref().expect("PostgreSQL figures");
+        let with = if replicas == "1" {
+            "one replica"
+        } else {
+            "three replicas"
+        };
+        report.add(
+            &format!("scale_out.postgres_{replicas}.server_cpu"),
+            &format!("PostgreSQL server CPU per event, {with}"),
+            s.server_cpu_us,
+            "µs",
+        );
+        report.add(
+            &format!("scale_out.postgres_{replicas}.herald_cpu"),
+            &format!("herald CPU per event, {with}"),
+            p.herald_cpu_us,
+            "µs",
+        );
+        report.add(
+            &format!("scale_out.postgres_{replicas}.statements"),
+            &format!("statements per event, {with} (pg_stat_statements)"),
+            s.statements,
+            "statements",
+        );
+        report.add(
+            &format!("scale_out.postgres_{replicas}.wal"),
+            &format!("WAL per event, {with}"),
+            s.wal_bytes,
+            "bytes",
+        );
+    }
+    report.add(
+        "scale_out.ceiling_per_server_core",
+        "events a second one PostgreSQL core carries (1 s over the server's CPU per event, one replica): replicas on machines of their own are bounded by it",
+        1e6 / one.server.as_ref().expect("PostgreSQL figures").server_cpu_us,
+        "events/s",
+    );
+    report
+        .add(
+            "scale_out.drain_postgres",
+            &format!("drain on PostgreSQL, one replica ({n} events stored while paused)"),
+            drain,
+            "events/s",
+        )
+        .reference(
+            &format!(
+                "River's `river bench` burn-down of {} jobs, same server",
+                thousands(jobs)
+            ),
+            river,
+        )
+        .target(Target::RatioAtLeast(0.5));
+    report.finish();
+}
