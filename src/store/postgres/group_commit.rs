@@ -310,12 +310,17 @@ async fn write(
         }));
     }
     let payloads = notices.payloads();
-    if !payloads.is_empty() {
-        // In the transaction: a notice is delivered only once the work is committed.
-        query("SELECT pg_notify('herald_new_work', p) FROM unnest($1::text[]) AS p")
-            .bind(&payloads)
-            .execute(&mut *tx)
-            .await?;
+    if shared || !payloads.is_empty() {
+        // In the transaction: a notice is delivered only once the work is committed. The
+        // lock timeout ends here: the commit waits for PostgreSQL's notify lock (notifying
+        // commits go one at a time, each with its flush), and that wait must not fail it.
+        query(
+            "SELECT set_config('lock_timeout', '0', true), count(pg_notify('herald_new_work', p))
+             FROM unnest($1::text[]) AS p",
+        )
+        .bind(&payloads)
+        .execute(&mut *tx)
+        .await?;
     }
     tx.commit().await?;
     Ok(answers)
