@@ -509,113 +509,11 @@ async fn enable(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::delivery::egress::EgressPolicy;
-    use crate::delivery::http::HttpSender;
-    use crate::delivery::{Engine, EngineConfig};
-    use crate::store::*;
-    use async_trait::async_trait;
-
-    /// A store whose disk is gone: every operation fails.
-    struct BrokenStore;
-
-    fn down<T>() -> crate::store::Result<T> {
-        Err(Error::Unavailable("disk I/O error".into()))
-    }
-
-    #[async_trait]
-    impl Store for BrokenStore {
-        async fn upsert_subscription(
-            &self,
-            _: SubscriptionRecord,
-        ) -> crate::store::Result<SubscriptionState> {
-            down()
-        }
-        async fn remove_subscription(&self, _: &str) -> crate::store::Result<u64> {
-            down()
-        }
-        async fn set_disabled(&self, _: &str, _: bool) -> crate::store::Result<SubscriptionState> {
-            down()
-        }
-        async fn subscription_state(
-            &self,
-            _: &str,
-        ) -> crate::store::Result<Option<SubscriptionState>> {
-            down()
-        }
-        async fn live_subscriptions(&self) -> crate::store::Result<Vec<SubscriptionRecord>> {
-            down()
-        }
-        async fn publish(
-            &self,
-            _: NewEvent,
-            _: Vec<String>,
-        ) -> crate::store::Result<PublishResult> {
-            down()
-        }
-        async fn published(&self, _: &str, _: &str) -> crate::store::Result<Option<PublishResult>> {
-            down()
-        }
-        async fn claim_next(&self, _: &str, _: i64) -> crate::store::Result<Claim> {
-            down()
-        }
-        async fn complete(
-            &self,
-            _: crate::store::ClaimRef,
-            _: AttemptRecord,
-            _: Next,
-        ) -> crate::store::Result<Completion> {
-            down()
-        }
-        async fn recover_in_flight(&self, _: i64) -> crate::store::Result<u64> {
-            down()
-        }
-        async fn pending_by_subscription(
-            &self,
-        ) -> crate::store::Result<Vec<(String, String, u64)>> {
-            down()
-        }
-        async fn stored_bytes(&self) -> crate::store::Result<Vec<(String, u64)>> {
-            down()
-        }
-        async fn list_deliveries(
-            &self,
-            _: &str,
-            _: StateFilter,
-            _: u32,
-        ) -> crate::store::Result<Vec<DeliveryView>> {
-            down()
-        }
-        async fn attempts(&self, _: &str, _: &str) -> crate::store::Result<Vec<AttemptRecord>> {
-            down()
-        }
-        async fn replay(
-            &self,
-            _: &str,
-            _: Option<Vec<String>>,
-            _: i64,
-        ) -> crate::store::Result<u64> {
-            down()
-        }
-        async fn prune(&self, _: i64) -> crate::store::Result<u64> {
-            down()
-        }
-    }
+    use crate::delivery::Engine;
+    use crate::store::testing::FaultyStore;
 
     async fn serve_broken() -> std::net::SocketAddr {
-        let engine = Engine::new(
-            Arc::new(BrokenStore),
-            HttpSender::new(EgressPolicy::default()).unwrap(),
-            EngineConfig {
-                max_in_flight: 16,
-                namespace_reserved_in_flight: 16,
-                namespace_max_concurrent_publishes: 64,
-                namespace_max_in_flight: 16,
-                namespace_max_pending: 100,
-                namespace_max_stored_bytes: 1 << 40,
-                store_reserve_bytes: 0,
-                history_retention: std::time::Duration::from_secs(60),
-            },
-        );
+        let engine = Engine::for_tests(Arc::new(FaultyStore::broken()));
         let app = router(Api {
             engine,
             auth: Arc::new(auth::StaticToken(None)),

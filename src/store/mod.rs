@@ -20,6 +20,8 @@ pub(crate) mod suite;
 #[cfg(test)]
 #[path = "../../tests/support/postgres.rs"]
 pub(crate) mod test_postgres;
+#[cfg(test)]
+pub(crate) mod testing;
 pub mod timed;
 
 use std::collections::HashSet;

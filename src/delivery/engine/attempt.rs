@@ -1,0 +1,423 @@
+//! One path for every attempt: claim → fence → send → decide → record → release. An attempt
+//! begins in one of two ways, which meet once the delivery is claimed: dispatched by the
+//! scheduler, it claims its lane's next due delivery itself; started with a publish (an
+//! idle lane under its namespace's floor, see [`Scheduler::start_idle`]), the publish's
+//! transaction made the claim.
+//!
+//! [`Scheduler::start_idle`]: crate::delivery::scheduler::Scheduler::start_idle
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use tracing::Instrument;
+
+use super::fence::{Fence, NotHeld};
+use super::{Engine, Notice};
+use crate::delivery::SubscriptionConfig;
+use crate::delivery::clock::now_ms;
+use crate::delivery::http::{AttemptResult, Target};
+use crate::delivery::outcome::Outcome;
+use crate::delivery::retry::{self, Decision};
+use crate::store::{self, AttemptRecord, Claim, Claimed, Completion, Next};
+
+/// A slot of a lane, taken from the scheduler, that one attempt runs in.
+pub(super) struct Slot {
+    pub config: Arc<SubscriptionConfig>,
+    /// The lane's wake count when the slot was taken. A lane that finds nothing due rests
+    /// as of it; one started with a publish rests after its attempt while it is unchanged.
+    pub epoch: u64,
+}
+
+/// How the attempt's delivery is claimed.
+pub(super) enum Claiming {
+    /// The lane's next due delivery, claimed by the attempt (dispatched by the scheduler).
+    Next,
+    /// Claimed by its publish's transaction under `fence`, taken then.
+    WithPublish { claimed: Claimed, fence: Fence },
+}
+
+/// Counts an attempt task for [`Engine::drain`] until it ends, however it ends.
+struct Running<'a>(&'a Engine);
+
+impl Drop for Running<'_> {
+    fn drop(&mut self) {
+        self.0.running.fetch_sub(1, Ordering::AcqRel);
+        self.0.finished.notify_waiters();
+    }
+}
+
+impl Engine {
+    /// Runs one attempt in `slot` as its own task, counted for [`Engine::drain`].
+    pub(super) fn start_attempt(self: &Arc<Self>, slot: Slot, claiming: Claiming) {
+        self.running.fetch_add(1, Ordering::AcqRel);
+        let engine = self.clone();
+        tokio::spawn(async move { engine.attempt(slot, claiming).await });
+    }
+
+    async fn attempt(self: Arc<Self>, slot: Slot, claiming: Claiming) {
+        let _running = Running(&self);
+        let config = &slot.config;
+
+        // Claim.
+        let (claimed, fence, with_publish) = match claiming {
+            Claiming::Next => match self.claim(&slot).await {
+                Some((claimed, fence)) => (claimed, fence, false),
+                None => return,
+            },
+            Claiming::WithPublish { claimed, fence } => (claimed, fence, true),
+        };
+
+        // Fence: nothing is sent once stopping, or when the shard's hold ended while the
+        // claim was on its way (the process was paused, the renewal was late); the delivery
+        // is due again, for whoever holds the shard.
+        if !fence.holds() || self.stopping.load(Ordering::Acquire) {
+            self.unclaim(config, &claimed, &fence).await;
+            let mut inner = self.lock();
+            inner.scheduler.idle(&config.uid, slot.epoch);
+            inner.scheduler.release(&config.uid, &config.namespace);
+            drop(inner);
+            self.wakeup.notify_one();
+            return;
+        }
+
+        // Send. One span per attempt: who and which event, never the secret or the payload.
+        let span = tracing::info_span!(
+            "attempt",
+            namespace = %config.namespace,
+            subscription = %config.name,
+            event_id = %claimed.event_id,
+            attempt = claimed.attempt,
+        );
+        let started_ms = now_ms();
+        let result = self.send(config, &claimed).instrument(span.clone()).await;
+
+        // Decide.
+        let now = now_ms();
+        let (next, message) = decide(config, &claimed, &result, now);
+        let record = AttemptRecord {
+            at_ms: now,
+            outcome: result.outcome.as_str().to_string(),
+            status_code: result.status,
+            latency_ms: result.latency.as_millis() as u64,
+            message: store::excerpt(message.as_bytes()),
+        };
+
+        // Record.
+        let completion = self
+            .record(config, &claimed, &record, next)
+            .instrument(span.clone())
+            .await;
+        span.in_scope(|| {
+            tracing::debug!(
+                outcome = result.outcome.as_str(),
+                status = result.status,
+                latency_ms = record.latency_ms,
+                next = ?next,
+                "attempt finished"
+            )
+        });
+        record_metrics(config, &result, next, completion.as_ref().ok());
+
+        // Release: the slot goes back, and the lane is woken to claim what else is due,
+        // unless it was started with a publish and nothing woke it since: it had nothing
+        // else due then, and whatever is due later has its timer.
+        let uid = &*config.uid;
+        let mut inner = self.lock();
+        inner.states.remove(uid);
+        inner.scheduler.release(uid, &config.namespace);
+        match &completion {
+            Ok(done) if done.recorded => match next {
+                Next::Retry { due_ms } => inner.add_timer(uid, due_ms),
+                Next::Delivered | Next::DeadLetter => inner.pending_sub(&config.namespace, 1),
+            },
+            Ok(_) => span.in_scope(|| {
+                tracing::info!(
+                    "the attempt's outcome was not applied: its delivery was removed, or claimed again meanwhile (a shard take-over); it is kept in the history"
+                )
+            }),
+            Err(e) => {
+                tracing::error!(error = %e, "recording an attempt failed while stopping; it is made again after the next start");
+            }
+        }
+        if !(with_publish && slot.epoch == inner.scheduler.epoch(uid)) {
+            inner.scheduler.wake(uid);
+        }
+        drop(inner);
+        self.wakeup.notify_one();
+
+        self.tell(
+            config, &claimed, started_ms, &result, next, record, completion,
+        );
+    }
+
+    /// Claims the lane's next due delivery under a fence taken now. None when there is
+    /// nothing to send: stopping, the shard is not held here, nothing is due (a timer is set
+    /// for what is due later), or the store failed (tried again in a second); the slot has
+    /// then been given back.
+    async fn claim(&self, slot: &Slot) -> Option<(Claimed, Fence)> {
+        let config = &slot.config;
+        let uid = &*config.uid;
+        let rest = |next_due_ms: Option<i64>| {
+            let mut inner = self.lock();
+            inner.scheduler.idle(uid, slot.epoch);
+            inner.scheduler.release(uid, &config.namespace);
+            if let Some(at) = next_due_ms {
+                inner.add_timer(uid, at);
+            }
+            drop(inner);
+            self.wakeup.notify_one();
+        };
+        if self.stopping.load(Ordering::Acquire) {
+            self.lock().scheduler.release(uid, &config.namespace);
+            return None;
+        }
+        let fence = match Fence::take(self.ownership.get(), uid) {
+            Ok(fence) => fence,
+            // Not this replica's shard (now): the lane rests until the shard is taken.
+            Err(NotHeld { shard }) => {
+                tracing::debug!(
+                    target: "herald::shards",
+                    namespace = %config.namespace,
+                    subscription = %config.name,
+                    shard,
+                    "due work in a shard this replica does not hold: not started"
+                );
+                rest(None);
+                return None;
+            }
+        };
+        let claim = match fence.token() {
+            None => self.store.claim_next(uid, now_ms()).await,
+            Some(token) => self.store.claim_fenced(uid, now_ms(), token).await,
+        };
+        match claim {
+            Ok(Claim::Claimed(claimed)) => Some((claimed, fence)),
+            Ok(Claim::Idle { next_due_ms }) => {
+                rest(next_due_ms);
+                None
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, subscription = %config.name, namespace = %config.namespace, "claim failed; retrying in 1s");
+                let mut inner = self.lock();
+                inner.scheduler.release(uid, &config.namespace);
+                inner.add_timer(uid, now_ms() + 1000);
+                drop(inner);
+                self.wakeup.notify_one();
+                None
+            }
+        }
+    }
+
+    /// Gives back a claim that must not be sent, retrying while the store cannot take it
+    /// (as a record is retried): left in flight, the delivery would wait for the next
+    /// take-over or start if the hold only lapsed and comes back.
+    async fn unclaim(&self, config: &SubscriptionConfig, claimed: &Claimed, fence: &Fence) {
+        let mut backoff = Duration::from_millis(100);
+        loop {
+            match self
+                .store
+                .unclaim(claimed.delivery_id, claimed.attempt)
+                .await
+            {
+                Ok(undone) => {
+                    match fence.token().filter(|_| !fence.holds()) {
+                        Some(token) => tracing::debug!(
+                            target: "herald::shards",
+                            namespace = %config.namespace,
+                            subscription = %config.name,
+                            shard = token.shard,
+                            epoch = token.epoch,
+                            undone,
+                            "the shard's hold ended during the claim: not started"
+                        ),
+                        None => tracing::debug!(
+                            namespace = %config.namespace,
+                            subscription = %config.name,
+                            undone,
+                            "stopping during the claim: not started"
+                        ),
+                    }
+                    return;
+                }
+                Err(e) if !self.stopping.load(Ordering::Acquire) => {
+                    tracing::warn!(error = %e, namespace = %config.namespace, subscription = %config.name, retry_in_ms = backoff.as_millis() as u64, "giving back a claim failed; retrying");
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(Duration::from_secs(5));
+                }
+                Err(e) => {
+                    tracing::error!(error = %e, "giving back a claim failed while stopping; it is due again after the next start");
+                    return;
+                }
+            }
+        }
+    }
+
+    /// The signed POST.
+    async fn send(&self, config: &SubscriptionConfig, claimed: &Claimed) -> AttemptResult {
+        match &config.signer {
+            Some(signer) => {
+                let target = Target {
+                    url: &config.url,
+                    signer,
+                    timeout: config.timeout,
+                    headers: &config.headers,
+                };
+                self.sender.send(&target, claimed).await
+            }
+            // The store holds a subscription without a signer as paused; this is a race
+            // with a configuration change. Nothing was sent: try again later.
+            None => AttemptResult {
+                outcome: Outcome::Transient,
+                status: None,
+                retry_after: None,
+                latency: Duration::ZERO,
+                message: config.not_ready.clone().unwrap_or_default(),
+                refused: false,
+            },
+        }
+    }
+
+    /// Records the attempt and what follows it. Recording is not lost work: while the store
+    /// cannot commit (a full disk) the record is retried, holding the lane's slot, so the
+    /// delivery never stays "in flight" until a restart (and is not sent again because of
+    /// it). Gives up only once stopping.
+    async fn record(
+        &self,
+        config: &SubscriptionConfig,
+        claimed: &Claimed,
+        record: &AttemptRecord,
+        next: Next,
+    ) -> store::Result<Completion> {
+        let mut backoff = Duration::from_millis(100);
+        loop {
+            match self
+                .store
+                .complete(claimed.claim_ref(), record.clone(), next)
+                .await
+            {
+                Err(e) if !self.stopping.load(Ordering::Acquire) => {
+                    tracing::error!(error = %e, namespace = %config.namespace, subscription = %config.name, event_id = %claimed.event_id, retry_in_ms = backoff.as_millis() as u64, "recording an attempt failed; retrying the record");
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(Duration::from_secs(5));
+                }
+                done => return done,
+            }
+        }
+    }
+
+    /// Tells listeners (logs, status writers) how the attempt ended. The attempt notice is
+    /// built only for a listener (in standalone mode there is none unless attempts are
+    /// logged): it copies names, the event id and the message.
+    #[allow(clippy::too_many_arguments)]
+    fn tell(
+        &self,
+        config: &SubscriptionConfig,
+        claimed: &Claimed,
+        started_ms: i64,
+        result: &AttemptResult,
+        next: Next,
+        record: AttemptRecord,
+        completion: store::Result<Completion>,
+    ) {
+        if self.notices.receiver_count() > 0 {
+            let _ = self.notices.send(Notice::Attempt {
+                namespace: config.namespace.to_string(),
+                name: config.name.to_string(),
+                event_id: claimed.event_id.clone(),
+                attempt: claimed.attempt,
+                started_ms,
+                outcome: result.outcome,
+                status_code: result.status,
+                latency_ms: record.latency_ms,
+                next: match next {
+                    Next::Delivered => "delivered",
+                    Next::Retry { .. } => "retry",
+                    Next::DeadLetter => "dead-letter",
+                },
+                message: record.message,
+            });
+        }
+        if let Ok(done) = completion
+            && done.disabled_now
+        {
+            tracing::warn!(namespace = %config.namespace, subscription = %config.name, failures = done.consecutive_failures, "subscription disabled after consecutive failures");
+            let _ = self.notices.send(Notice::Disabled {
+                namespace: config.namespace.to_string(),
+                name: config.name.to_string(),
+                consecutive_failures: done.consecutive_failures,
+            });
+        }
+    }
+}
+
+/// What follows an attempt's result, and the message its record keeps.
+fn decide(
+    config: &SubscriptionConfig,
+    claimed: &Claimed,
+    result: &AttemptResult,
+    now_ms: i64,
+) -> (Next, String) {
+    match result.outcome {
+        Outcome::Accepted => (Next::Delivered, result.message.clone()),
+        Outcome::Terminal => (Next::DeadLetter, result.message.clone()),
+        Outcome::Transient => match retry::after_transient_failure(
+            &config.limits,
+            claimed.attempt,
+            claimed.window_start_ms,
+            now_ms,
+            result.retry_after,
+            rand::random::<f64>(),
+        ) {
+            Decision::RetryAt { due_ms } => (Next::Retry { due_ms }, result.message.clone()),
+            Decision::GiveUp { reason } => (
+                Next::DeadLetter,
+                format!("{reason}; last: {}", result.message),
+            ),
+        },
+    }
+}
+
+/// Counts a finished attempt in herald's metrics.
+fn record_metrics(
+    config: &SubscriptionConfig,
+    result: &AttemptResult,
+    next: Next,
+    completion: Option<&Completion>,
+) {
+    let metrics = crate::metrics::get();
+    let namespace = &*config.namespace;
+    let outcome = if result.refused {
+        "refused"
+    } else {
+        match result.outcome {
+            Outcome::Accepted => "accepted",
+            Outcome::Transient => "transient",
+            Outcome::Terminal => "terminal",
+        }
+    };
+    metrics
+        .attempts
+        .with_label_values(&[namespace, outcome])
+        .inc();
+    if metrics.subscription_labels() {
+        metrics
+            .subscription_attempts
+            .with_label_values(&[namespace, &*config.name, outcome])
+            .inc();
+    }
+    if !result.refused && config.signer.is_some() {
+        metrics
+            .attempt_duration
+            .with_label_values(&[namespace])
+            .observe(result.latency.as_secs_f64());
+    }
+    if let Some(done) = completion {
+        if done.recorded && next == Next::DeadLetter {
+            metrics.dead_letters.with_label_values(&[namespace]).inc();
+        }
+        if done.disabled_now {
+            metrics.auto_disabled.with_label_values(&[namespace]).inc();
+        }
+    }
+}

@@ -1,0 +1,318 @@
+//! Publishing: fair admission per namespace, the quota checks and the reservation they
+//! take (held until the store answers), and idle lanes started with their publish, whose
+//! deliveries it claims in the same transaction.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use serde::Serialize;
+use serde_json::value::RawValue;
+
+use super::attempt::{Claiming, Slot};
+use super::fence::Fence;
+use super::{Engine, EngineError, Notice, UNROUTED_NAMESPACE};
+use crate::delivery::clock::now_ms;
+use crate::store::{self, NewEvent, PublishResult};
+
+/// How often each namespace's stored bytes are taken from the store again (pruning frees
+/// them, other replicas add theirs), or twenty times what the last count took.
+const STORED_RECOUNT: Duration = Duration::from_secs(10);
+
+impl Engine {
+    /// Accepts an event: stored with one pending delivery per matching subscription before
+    /// this returns. A repeated `id` returns the first answer and delivers nothing again.
+    pub async fn publish(
+        self: &Arc<Self>,
+        namespace: &str,
+        id: Option<String>,
+        event_type: &str,
+        data: &RawValue,
+    ) -> Result<PublishResult, EngineError> {
+        // Fair admission first: a flood from one namespace waits at the door, not in the
+        // store's queue ahead of everyone else.
+        struct Admitted<'a>(&'a Engine, &'a str);
+        impl Drop for Admitted<'_> {
+            fn drop(&mut self) {
+                self.0.lock().admission.leave(self.1);
+            }
+        }
+        let _admitted = {
+            let mut inner = self.lock();
+            if !inner.admission.enter(namespace) {
+                return Err(EngineError::Busy {
+                    namespace: namespace.to_string(),
+                    limit: inner.admission.limit(),
+                });
+            }
+            Admitted(self, namespace)
+        };
+        let given = id.is_some();
+        let event_id = id.unwrap_or_else(|| format!("evt_{}", uuid::Uuid::now_v7().simple()));
+        #[derive(Serialize)]
+        struct Envelope<'a> {
+            id: &'a str,
+            #[serde(rename = "type")]
+            kind: &'a str,
+            timestamp: String,
+            data: &'a RawValue,
+        }
+        let published_ms = now_ms();
+        let body = serde_json::to_vec(&Envelope {
+            id: &event_id,
+            kind: event_type,
+            timestamp: k8s_openapi::jiff::Timestamp::from_millisecond(published_ms)
+                .map(|t| t.to_string())
+                .unwrap_or_default(),
+            data,
+        })
+        .map_err(|e| store::Error::Backend(e.to_string()))?;
+        let body_bytes = body.len() as u64;
+        // Looked at before the lock: at most one statvfs per 250 ms, never under it.
+        let free = self.store.free_bytes();
+        /// Pending attempts and stored bytes counted for a publish before the store has them;
+        /// whatever the store did not write (a duplicate id, a subscription removed
+        /// meanwhile, a failed write, a cancelled request) is given back on drop.
+        struct Reservation<'a> {
+            engine: &'a Engine,
+            namespace: &'a str,
+            count: u64,
+            bytes: u64,
+        }
+        impl Drop for Reservation<'_> {
+            fn drop(&mut self) {
+                if self.count > 0 || self.bytes > 0 {
+                    let mut inner = self.engine.lock();
+                    inner.pending_sub(self.namespace, self.count);
+                    if let Some(stored) = inner.stored.get_mut(self.namespace) {
+                        *stored = stored.saturating_sub(self.bytes);
+                    }
+                }
+            }
+        }
+        // The quota checks and the reservation are one step under the lock, so concurrent
+        // publishes cannot pass a limit together.
+        let admitted = {
+            let mut inner = self.lock();
+            // A namespace no subscription of this engine lives in is not a metric label:
+            // anyone allowed to publish anywhere could grow the registry without bound.
+            let routed = inner
+                .by_namespace
+                .get(namespace)
+                .is_some_and(|s| !s.is_empty());
+            let targets: Vec<String> = inner
+                .by_namespace
+                .get(namespace)
+                .into_iter()
+                .flatten()
+                .filter(|uid| inner.subs.get(*uid).is_some_and(|c| c.matches(event_type)))
+                .map(|uid| uid.to_string())
+                .collect();
+            let limit = inner
+                .pending_limits
+                .get(namespace)
+                .copied()
+                .unwrap_or(self.config.namespace_max_pending);
+            let pending = inner.pending.get(namespace).copied().unwrap_or(0);
+            let more = targets.len() as u64;
+            let bytes = store::stored_cost(body_bytes, more);
+            let stored = inner.stored.get(namespace).copied().unwrap_or(0);
+            let stored_limit = inner
+                .stored_limits
+                .get(namespace)
+                .copied()
+                .unwrap_or(self.config.namespace_max_stored_bytes);
+            let reserve = self.config.store_reserve_bytes;
+            if pending + more > limit {
+                Err(EngineError::QuotaExceeded {
+                    namespace: namespace.to_string(),
+                    pending,
+                    more,
+                    limit,
+                })
+            } else if stored + bytes > stored_limit {
+                Err(EngineError::StoredBytesExceeded {
+                    namespace: namespace.to_string(),
+                    stored,
+                    more: bytes,
+                    limit: stored_limit,
+                })
+            } else if let Some(free) = free
+                && free < reserve.saturating_add(bytes)
+            {
+                Err(EngineError::StoreReserve { free, reserve })
+            } else {
+                if more > 0 {
+                    *inner.pending.entry(namespace.to_string()).or_default() += more;
+                }
+                *inner.stored.entry(namespace.to_string()).or_default() += bytes;
+                let reservation = Reservation {
+                    engine: self,
+                    namespace,
+                    count: more,
+                    bytes,
+                };
+                Ok((targets, reservation, routed))
+            }
+        };
+        let (targets, mut reservation, routed) = match admitted {
+            Ok(admitted) => admitted,
+            Err(refusal) => {
+                // A producer retrying an accepted event gets its first answer: the id is
+                // looked up before the quota refuses.
+                if given && let Some(first) = self.store.published(namespace, &event_id).await? {
+                    return Ok(first);
+                }
+                return Err(refusal);
+            }
+        };
+        let event = NewEvent {
+            namespace: namespace.to_string(),
+            event_id,
+            event_type: event_type.to_string(),
+            body,
+            published_ms,
+        };
+        // Idle lanes start with the publish, which claims their delivery. Nothing between
+        // taking their slots and the task that gives back what is not claimed can fail.
+        let started: Vec<(Slot, Fence)> =
+            if self.stopping.load(Ordering::Acquire) || !self.store.claims_with_publish() {
+                Vec::new()
+            } else {
+                let mut guard = self.lock();
+                let inner = &mut *guard;
+                targets
+                    .iter()
+                    .filter_map(|uid| {
+                        // Paused, or no secret: the store would claim nothing.
+                        let config = inner
+                            .subs
+                            .get(uid.as_str())
+                            .filter(|c| !c.paused && c.signer.is_some())?;
+                        let fence = Fence::take(self.ownership.get(), uid).ok()?;
+                        inner.scheduler.start_idle(uid).then(|| {
+                            let slot = Slot {
+                                config: config.clone(),
+                                epoch: inner.scheduler.epoch(uid),
+                            };
+                            (slot, fence)
+                        })
+                    })
+                    .collect()
+            };
+        let started_uids: Vec<Arc<str>> = started
+            .iter()
+            .map(|(slot, _)| slot.config.uid.clone())
+            .collect();
+        let result = if started.is_empty() {
+            self.store.publish(event, targets).await?
+        } else {
+            // Its own task, so that it runs to the end even if the caller goes away: the
+            // claims committed with the publish are attempts only this task starts.
+            let engine = self.clone();
+            tokio::spawn(async move { engine.publish_and_start(event, targets, started).await })
+                .await
+                .map_err(|e| store::Error::Backend(format!("the publish stopped: {e}")))??
+        };
+        // What the store wrote stays counted; the rest is released when `reservation` drops.
+        reservation.count -= (result.targets.len() as u64).min(reservation.count);
+        if !result.duplicate {
+            let written = store::stored_cost(body_bytes, result.targets.len() as u64);
+            reservation.bytes -= written.min(reservation.bytes);
+        }
+        drop(reservation);
+        if !result.duplicate {
+            let label = if routed {
+                namespace
+            } else {
+                UNROUTED_NAMESPACE
+            };
+            crate::metrics::get()
+                .published
+                .with_label_values(&[label])
+                .inc();
+        }
+        if !result.targets.is_empty() {
+            let mut inner = self.lock();
+            // A lane started with the publish is woken by its attempt's end.
+            for uid in &result.targets {
+                inner.states.remove(uid.as_str());
+                if !started_uids.iter().any(|s| **s == **uid) {
+                    self.wake_for_work(&mut inner, uid);
+                }
+            }
+            drop(inner);
+            self.wakeup.notify_one();
+            if self.notices.receiver_count() > 0 {
+                let _ = self.notices.send(Notice::Published {
+                    namespace: namespace.to_string(),
+                    subscriptions: result.targets.clone(),
+                });
+            }
+        }
+        Ok(result)
+    }
+
+    /// Publishes, claiming in the same transaction the deliveries of the lanes `started`
+    /// (their slots already taken), and starts an attempt for each claim. A lane whose
+    /// claim the store did not make (it claims nothing, the event was a duplicate, the
+    /// subscription is paused or gone, the write failed) gives its slot back and is woken
+    /// to claim as usual.
+    async fn publish_and_start(
+        self: Arc<Self>,
+        event: NewEvent,
+        targets: Vec<String>,
+        started: Vec<(Slot, Fence)>,
+    ) -> store::Result<PublishResult> {
+        let claims = started
+            .iter()
+            .map(|(slot, fence)| (slot.config.uid.to_string(), fence.token()))
+            .collect();
+        let (result, mut claimed) = match self.store.publish_and_claim(event, targets, claims).await
+        {
+            Ok((result, claimed)) => (Ok(result), claimed),
+            Err(e) => (Err(e), Vec::new()),
+        };
+        let mut unclaimed = Vec::new();
+        for (slot, fence) in started {
+            match claimed
+                .iter()
+                .position(|c| c.subscription_uid == *slot.config.uid)
+            {
+                Some(i) => {
+                    let claimed = claimed.swap_remove(i);
+                    self.start_attempt(slot, Claiming::WithPublish { claimed, fence });
+                }
+                None => unclaimed.push(slot.config),
+            }
+        }
+        if !unclaimed.is_empty() {
+            let mut inner = self.lock();
+            for config in &unclaimed {
+                inner.scheduler.release(&config.uid, &config.namespace);
+                inner.scheduler.wake(&config.uid);
+            }
+            drop(inner);
+            self.wakeup.notify_one();
+        }
+        result
+    }
+
+    /// Takes what each namespace's stored events count from the store now and then (see
+    /// [`STORED_RECOUNT`]). Between counts, publishes this process accepts are added as they
+    /// are written; what is being published at the moment of a count may be missed by it
+    /// until the next.
+    pub(super) async fn recount_stored(self: Arc<Self>) {
+        let mut wait = Duration::ZERO;
+        loop {
+            tokio::time::sleep(wait).await;
+            let started = std::time::Instant::now();
+            let result = self.store.stored_bytes().await;
+            wait = STORED_RECOUNT.max(started.elapsed().saturating_mul(20));
+            match result {
+                Ok(counted) => self.lock().stored = counted.into_iter().collect(),
+                Err(e) => tracing::warn!(error = %e, "cannot count stored bytes per namespace"),
+            }
+        }
+    }
+}
