@@ -5,6 +5,7 @@
 
 pub mod api;
 pub mod cli;
+pub mod commands;
 pub mod controller;
 pub mod delivery;
 pub mod ingest;

@@ -8,7 +8,7 @@ use clap::Parser;
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() -> ExitCode {
-    herald::cli::Cli::parse().run()
+    herald::commands::execute(herald::cli::Cli::parse())
 }
 
 /// No transparent huge pages for this process. mimalloc asks for them on its arenas

@@ -8,12 +8,10 @@ use std::time::Duration;
 use anyhow::Context;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
-use clap::Args;
 use tracing_subscriber::EnvFilter;
 
 use crate::api::SigningScheme;
-use crate::cli::SchemeArg;
-use crate::cli::StoreUrl;
+use crate::cli::{LogFormat, ReceiveArgs, RunArgs};
 use crate::delivery::egress::EgressPolicy;
 use crate::delivery::http::HttpSender;
 use crate::delivery::{Engine, EngineConfig};
@@ -24,209 +22,17 @@ use crate::store::postgres::PostgresStore;
 use crate::store::sqlite::SqliteStore;
 use crate::store::timed::Timed;
 
-/// Every setting of `herald run`, with its default.
-#[derive(Args, Debug)]
-pub struct RunArgs {
-    /// Run without a cluster: subscriptions, quotas and secrets come from --config. Without
-    /// it herald runs as the operator: it watches WebhookSubscriptions and WebhookQuotas in
-    /// the cluster and authorizes API calls with TokenReview and SubjectAccessReview.
-    #[arg(long)]
-    standalone: bool,
-    /// Cluster credentials (cluster mode); without it KUBECONFIG, then the in-cluster
-    /// ServiceAccount.
-    #[arg(long, env = "HERALD_KUBECONFIG")]
-    kubeconfig: Option<PathBuf>,
-    /// Watch only this namespace (repeatable; comma-separated in the environment
-    /// variable). Default: every namespace.
-    #[arg(
-        long = "watch-namespace",
-        env = "HERALD_WATCH_NAMESPACE",
-        value_delimiter = ','
-    )]
-    watch_namespaces: Vec<String>,
-    /// Address of /healthz and /readyz (and /metrics), apart from the ingest API so that
-    /// producers never reach them. Default 0.0.0.0:9090 in cluster mode; off in standalone
-    /// mode unless given.
-    #[arg(long, env = "HERALD_METRICS_LISTEN")]
-    metrics_listen: Option<SocketAddr>,
-    /// On SIGTERM or SIGINT: stop starting attempts, and give those on the wire this many
-    /// seconds to finish before exiting (keep it below the pod's grace period).
-    #[arg(long, env = "HERALD_SHUTDOWN_TIMEOUT_SECONDS", default_value_t = 25)]
-    shutdown_timeout_seconds: u64,
-    /// Cluster mode: a subscription's status is written at most once per this many seconds
-    /// while deliveries run (an auto-disable shows within a second).
-    #[arg(long, env = "HERALD_STATUS_INTERVAL_SECONDS", default_value_t = 5,
-          value_parser = clap::value_parser!(u64).range(1..))]
-    status_interval_seconds: u64,
-    /// Folder of WebhookSubscription, WebhookQuota and Secret manifests (standalone mode).
-    #[arg(long, env = "HERALD_CONFIG")]
-    config: Option<PathBuf>,
-    /// Where the embedded store keeps its database (unless --store is given).
-    #[arg(long, env = "HERALD_DATA_DIR", default_value = "./herald-data")]
-    data_dir: PathBuf,
-    /// The store as a PostgreSQL URL (postgres://USER:PASSWORD@HOST:PORT/DATABASE, with
-    /// ?sslmode=verify-full&sslrootcert=FILE for TLS), for several replicas sharing one
-    /// database; the schema is created or migrated at start. Without it, the embedded
-    /// SQLite store in --data-dir. Prefer the environment variable: a flag is visible in the
-    /// process list. The password is never logged.
-    #[arg(long, env = "HERALD_STORE", hide_env_values = true, value_parser = StoreUrl::parse)]
-    store: Option<StoreUrl>,
-    /// Address of the ingest API. Port 0 picks a free port (see --ready-file).
-    #[arg(long, env = "HERALD_LISTEN", default_value = "127.0.0.1:8080")]
-    listen: SocketAddr,
-    /// Bearer token every API call must carry in standalone mode: publishing, reading
-    /// attempts, replay and enable (/healthz and /readyz need none). No token means no
-    /// check. Prefer the environment variable: a flag shows in the process list. Cluster
-    /// mode ignores it and asks Kubernetes (TokenReview, SubjectAccessReview).
-    #[arg(long, env = "HERALD_PUBLISH_TOKEN", hide_env_values = true)]
-    publish_token: Option<String>,
-    /// The audience a producer's ServiceAccount token must be issued for (cluster mode:
-    /// `kubectl create token NAME --audience herald`), so a token meant for the API server
-    /// or another service cannot be replayed to herald, nor herald's to them.
-    #[arg(long, env = "HERALD_TOKEN_AUDIENCE", default_value = crate::controller::access_review::DEFAULT_AUDIENCE)]
-    token_audience: String,
-    /// CIDR the egress guard lets herald deliver to although it is private, loopback or
-    /// otherwise special (repeatable; comma-separated in the environment variable).
-    #[arg(
-        long = "egress-allow",
-        env = "HERALD_EGRESS_ALLOW",
-        value_delimiter = ','
-    )]
-    egress_allow: Vec<ipnet::IpNet>,
-    /// The cluster's pod and service CIDRs (repeatable; comma-separated in the environment
-    /// variable): refused like private addresses unless --egress-allow opens them. Needed on
-    /// IPv6 clusters, whose ranges are often global addresses the guard cannot tell apart.
-    #[arg(
-        long = "cluster-cidr",
-        env = "HERALD_CLUSTER_CIDRS",
-        value_delimiter = ','
-    )]
-    cluster_cidr: Vec<ipnet::IpNet>,
-    /// PEM file of CA certificates (it may hold several) herald trusts for HTTPS receivers,
-    /// besides the system's roots: for receivers whose certificates a private CA issues.
-    /// Read at start.
-    #[arg(long, env = "HERALD_EGRESS_CA_FILE")]
-    egress_ca_file: Option<PathBuf>,
-    /// Serve the ingest API over HTTPS with this PEM certificate chain (with
-    /// --tls-key-file). Both files are looked at every 5 s (HERALD_INGEST_TLS_RELOAD_INTERVAL)
-    /// and a changed pair is used for new connections; a pair that cannot be used keeps the
-    /// previous one and is logged. /healthz, /readyz and /metrics on --metrics-listen stay
-    /// plain HTTP.
-    #[arg(long, env = "HERALD_TLS_CERT_FILE", requires = "tls_key_file")]
-    tls_cert_file: Option<PathBuf>,
-    /// The PEM private key of --tls-cert-file (PKCS#8, RSA or EC). It must match the
-    /// certificate, or herald does not start.
-    #[arg(long, env = "HERALD_TLS_KEY_FILE", requires = "tls_cert_file")]
-    tls_key_file: Option<PathBuf>,
-    /// The shared pool: attempts on the wire beyond each namespace's reserved floor, over
-    /// all namespaces. Attempts on the wire are at most this plus
-    /// --namespace-reserved-in-flight × namespaces with attempts on the wire.
-    #[arg(long, env = "HERALD_MAX_IN_FLIGHT", default_value_t = 4096)]
-    max_in_flight: u32,
-    /// Attempts every namespace may start whatever other namespaces hold (its floor outside
-    /// the shared pool, capped by its own quota; RFC 0215 asks for at least 8).
-    #[arg(long, env = "HERALD_NAMESPACE_RESERVED_IN_FLIGHT", default_value_t = 16,
-          value_parser = clap::value_parser!(u32).range(8..))]
-    namespace_reserved_in_flight: u32,
-    /// Publishes of one namespace waiting for the store at once; more are answered 429
-    /// publish_busy with Retry-After: 1 at once, so one producer's flood cannot starve
-    /// other namespaces' publishing and delivery.
-    #[arg(long, env = "HERALD_NAMESPACE_MAX_CONCURRENT_PUBLISHES", default_value_t = 64,
-          value_parser = clap::value_parser!(u32).range(1..))]
-    namespace_max_concurrent_publishes: u32,
-    /// A namespace's attempts on the wire at once, where no WebhookQuota says otherwise
-    /// (at least 16).
-    #[arg(long, env = "HERALD_NAMESPACE_MAX_IN_FLIGHT", default_value_t = 256,
-          value_parser = clap::value_parser!(u32).range(16..))]
-    namespace_max_in_flight: u32,
-    /// A namespace's pending attempts, where no WebhookQuota says otherwise.
-    #[arg(
-        long,
-        env = "HERALD_NAMESPACE_MAX_PENDING",
-        default_value_t = 1_000_000
-    )]
-    namespace_max_pending: u64,
-    /// What a namespace's stored events may count, in bytes, where no WebhookQuota says
-    /// otherwise: each event its body (kept until pruned) plus 512, and 256 per delivery.
-    /// Publishing past it is refused with 429 quota_exceeded.
-    #[arg(
-        long,
-        env = "HERALD_NAMESPACE_MAX_STORED_BYTES",
-        default_value_t = 256 * 1024 * 1024
-    )]
-    namespace_max_stored_bytes: u64,
-    /// Free space the embedded store's disk keeps for delivering what it holds: no publish
-    /// of any namespace is accepted into it (507 insufficient_storage), so deliveries, their
-    /// history and status can still be written however the namespaces' budgets add up.
-    #[arg(
-        long,
-        env = "HERALD_STORE_RESERVE_BYTES",
-        default_value_t = 64 * 1024 * 1024
-    )]
-    store_reserve_bytes: u64,
-    /// How long attempt history, delivered deliveries and the ids of finished events are
-    /// kept, in hours (a repeated event id is recognised for this long). Dead letters are
-    /// kept until replayed or their subscription is removed; their history is pruned.
-    #[arg(long, env = "HERALD_HISTORY_RETENTION_HOURS", default_value_t = 168)]
-    history_retention_hours: u64,
-    /// Largest accepted event body, in bytes.
-    #[arg(long, env = "HERALD_MAX_BODY_BYTES", default_value_t = ingest::DEFAULT_MAX_BODY)]
-    max_body_bytes: usize,
-    /// Log format: text or json.
-    #[arg(long, env = "HERALD_LOG_FORMAT", value_enum, default_value = "text")]
-    log_format: LogFormat,
-    /// Log level or filter (for example info, debug, herald=debug,kube=warn); else RUST_LOG,
-    /// else info. Secrets and payloads are never logged at any level.
-    #[arg(long, env = "HERALD_LOG_LEVEL")]
-    log_level: Option<String>,
-    /// Also export herald_subscription_attempts_total with a subscription label (one series
-    /// per subscription and outcome: mind the cardinality).
-    #[arg(long, env = "HERALD_METRICS_SUBSCRIPTION_LABELS")]
-    metrics_subscription_labels: bool,
-    /// Cluster mode with several replicas sharing one store: deliver only for the shards this
-    /// replica holds through Leases in --lease-namespace (see the README's "Scaling out").
-    #[arg(long, env = "HERALD_SHARD_LEASES")]
-    shard_leases: bool,
-    /// Virtual shards subscriptions hash onto (FNV-1a of the uid, modulo this); every
-    /// replica must use the same number.
-    #[arg(long, env = "HERALD_SHARDS", default_value_t = 16,
-          value_parser = clap::value_parser!(u32).range(1..=4096))]
-    shards: u32,
-    /// herald's own namespace, where shard Leases live (the chart sets it).
-    #[arg(long, env = "HERALD_LEASE_NAMESPACE", default_value = "herald-system")]
-    lease_namespace: String,
-    /// This replica's identity in the Leases; default POD_NAME, else the host name and
-    /// process id.
-    #[arg(long, env = "HERALD_REPLICA_ID")]
-    replica_id: Option<String>,
-    /// A shard Lease lasts this many seconds unless renewed (every third of it); a replica
-    /// stops starting attempts for a shard a third of it before its Lease could be taken.
-    #[arg(long, env = "HERALD_SHARD_LEASE_SECONDS", default_value_t = 15,
-          value_parser = clap::value_parser!(u64).range(3..=3600))]
-    shard_lease_seconds: u64,
-    /// Once serving, write the ingest API's address to this file (for scripts and tests;
-    /// `https://ADDRESS` when it serves TLS); a second line holds the address of /healthz,
-    /// /readyz and /metrics when served.
-    #[arg(long)]
-    ready_file: Option<PathBuf>,
-}
-
 impl RunArgs {
     fn replica_identity(&self) -> String {
         self.replica_id
             .clone()
-            .or_else(|| std::env::var("POD_NAME").ok())
+            .or_else(|| self.pod_name.clone())
             .unwrap_or_else(|| {
                 let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
                     .map(|h| h.trim().to_string())
                     .unwrap_or_else(|_| "herald".into());
                 format!("{host}-{}", std::process::id())
             })
-    }
-
-    #[cfg(test)]
-    pub(crate) fn store(&self) -> Option<&StoreUrl> {
-        self.store.as_ref()
     }
 
     /// Which store herald uses, for logs (a URL without its password).
@@ -282,6 +88,21 @@ impl RunArgs {
 }
 
 impl RunArgs {
+    /// The ingest listener's limits, its connection bound fitted to the descriptor limit.
+    fn ingest_limits(&self) -> ingest::listener::Limits {
+        ingest::listener::Limits {
+            header_read: self.ingest_header_timeout,
+            body_read: self.ingest_body_timeout,
+            max_connections: usize::try_from(self.ingest_max_connections).unwrap_or(usize::MAX),
+        }
+        .fitted(self.max_in_flight)
+    }
+
+    /// How often the standalone config folder is polled (None: only on SIGHUP).
+    fn config_poll(&self) -> Option<Duration> {
+        (self.config_poll_ms > 0).then(|| Duration::from_millis(self.config_poll_ms))
+    }
+
     /// The ingest API's TLS acceptor when --tls-cert-file and --tls-key-file are given: the
     /// pair is loaded (any problem stops the start) and its files watched for changes.
     fn ingest_tls(&self) -> anyhow::Result<Option<tokio_rustls::TlsAcceptor>> {
@@ -290,9 +111,7 @@ impl RunArgs {
         };
         let tls = Arc::new(crate::tls::IngestTls::load(cert, key)?);
         let acceptor = tls.acceptor()?;
-        let every = ingest::listener::env_duration("HERALD_INGEST_TLS_RELOAD_INTERVAL")?
-            .unwrap_or(crate::tls::RELOAD_INTERVAL);
-        tokio::spawn(tls.watch(every));
+        tokio::spawn(tls.watch(self.ingest_tls_reload_interval));
         Ok(Some(acceptor))
     }
 }
@@ -304,16 +123,6 @@ fn ingest_url(address: SocketAddr, tls: bool) -> String {
     } else {
         format!("http://{address}")
     }
-}
-
-/// How log lines are written.
-#[derive(clap::ValueEnum, Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum LogFormat {
-    /// One line of text per event.
-    #[default]
-    Text,
-    /// One JSON object per event, with the fields of its spans (for log collectors).
-    Json,
 }
 
 /// Logs go to standard error. The level comes from `level` (a tracing filter such as
@@ -546,6 +355,7 @@ async fn run_cluster(args: RunArgs) -> anyhow::Result<()> {
         client.clone(),
         engine.clone(),
         Duration::from_secs(args.status_interval_seconds),
+        args.pod_name.clone(),
     );
     status.spawn();
     let ctx = Arc::new(Context {
@@ -605,7 +415,7 @@ async fn run_cluster(args: RunArgs) -> anyhow::Result<()> {
         auth: Arc::new(KubeAuthorizer::new(client, args.token_audience.clone())),
         max_body: args.max_body_bytes,
     });
-    let limits = ingest::listener::Limits::from_env(args.max_in_flight)?;
+    let limits = args.ingest_limits();
     // A graceful stop: take no more shards (those held stay renewed), drain, and only then
     // release the shards. Released first, another replica would take them, make the
     // attempts still on the wire due again, and send them a second time.
@@ -645,7 +455,9 @@ async fn run_standalone(args: RunArgs, config_dir: PathBuf) -> anyhow::Result<()
 
     // Configuration first, so that removals made while herald was down are purged before
     // anything is dispatched; then recovery; then delivery.
-    let mut sync = crate::standalone::FolderSync::new(engine.clone(), config_dir.clone()).await?;
+    let mut sync =
+        crate::standalone::FolderSync::new(engine.clone(), config_dir.clone(), args.config_poll())
+            .await?;
     sync.apply()
         .await
         .with_context(|| format!("loading {}", config_dir.display()))?;
@@ -686,7 +498,7 @@ async fn run_standalone(args: RunArgs, config_dir: PathBuf) -> anyhow::Result<()
         max_body: args.max_body_bytes,
     })
     .merge(health_router(readiness, engine.clone()));
-    let limits = ingest::listener::Limits::from_env(args.max_in_flight)?;
+    let limits = args.ingest_limits();
     ingest::listener::serve(listener, app, limits, tls, terminated()).await?;
     stop(&engine, args.shutdown_timeout_seconds).await;
     Ok(())
@@ -711,20 +523,6 @@ async fn log_notices(engine: Arc<Engine>) {
             Err(_) => return,
         }
     }
-}
-
-#[derive(Args, Debug)]
-pub struct ReceiveArgs {
-    /// The subscription's signing secret.
-    #[arg(long, env = "HERALD_SECRET", hide_env_values = true)]
-    secret: String,
-    #[arg(long, value_enum, default_value = "standard-webhooks")]
-    scheme: SchemeArg,
-    /// Header name of the stripe scheme.
-    #[arg(long, default_value = crate::signing::stripe::DEFAULT_HEADER)]
-    signature_header: String,
-    #[arg(long, default_value = "127.0.0.1:9000")]
-    listen: SocketAddr,
 }
 
 pub fn receive(args: ReceiveArgs) -> anyhow::Result<()> {

@@ -1,6 +1,6 @@
 //! Standalone mode: herald without a cluster. Subscriptions, quotas and secrets come from a
 //! folder of the same YAML a user would `kubectl apply`; the folder is re-read when it
-//! changes (polled every second; `HERALD_CONFIG_POLL_MS` sets the interval in milliseconds,
+//! changes (polled every second; `--config-poll-ms` or `HERALD_CONFIG_POLL_MS` sets the interval,
 //! 0 turns polling off) or on SIGHUP. A subscription that disappears from the folder takes
 //! the same purge-and-fence path as a deleted object in a cluster.
 //!
@@ -660,21 +660,6 @@ pub struct FolderSync {
     seen: Option<[u8; 32]>,
 }
 
-/// The folder's polling interval: `HERALD_CONFIG_POLL_MS` milliseconds (0: never poll, only
-/// SIGHUP reloads), by default one second.
-fn poll_interval() -> anyhow::Result<Option<Duration>> {
-    match std::env::var("HERALD_CONFIG_POLL_MS") {
-        Err(_) => Ok(Some(Duration::from_secs(1))),
-        Ok(text) => match text.trim().parse::<u64>() {
-            Ok(0) => Ok(None),
-            Ok(ms) => Ok(Some(Duration::from_millis(ms))),
-            Err(_) => {
-                anyhow::bail!("HERALD_CONFIG_POLL_MS={text:?} is not a number of milliseconds")
-            }
-        },
-    }
-}
-
 /// A digest of a subscription's spec and resolved secrets, as last applied.
 type Applied = [u8; 32];
 
@@ -695,7 +680,11 @@ const CONCURRENT_UPSERTS: usize = 256;
 impl FolderSync {
     /// Starts from what the store holds, so a restart keeps each subscription's uid and its
     /// pending deliveries.
-    pub async fn new(engine: Arc<Engine>, dir: PathBuf) -> anyhow::Result<Self> {
+    pub async fn new(
+        engine: Arc<Engine>,
+        dir: PathBuf,
+        poll: Option<Duration>,
+    ) -> anyhow::Result<Self> {
         let known = engine
             .stored_subscriptions()
             .await?
@@ -716,7 +705,7 @@ impl FolderSync {
             known,
             quota_namespaces: Vec::new(),
             hangup: Some(hangup),
-            poll: poll_interval()?,
+            poll,
             seen: None,
         })
     }

@@ -13,10 +13,6 @@ use rustls::sign::CertifiedKey;
 use rustls_pki_types::pem::{self, PemObject};
 use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 
-/// How often the ingest certificate and key files are looked at, unless
-/// `HERALD_INGEST_TLS_RELOAD_INTERVAL` says otherwise.
-pub const RELOAD_INTERVAL: Duration = Duration::from_secs(5);
-
 /// A PEM parse error in words, without the bytes it was about.
 fn pem_problem(error: &pem::Error) -> String {
     match error {

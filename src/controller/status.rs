@@ -115,9 +115,15 @@ fn reference(namespace: &str, name: &str, uid: &str) -> ObjectReference {
 }
 
 impl StatusWriter {
-    pub fn new(client: kube::Client, engine: Arc<Engine>, interval: Duration) -> Arc<Self> {
+    /// `instance`: this replica's name (its pod's), which its Events name as their reporter.
+    pub fn new(
+        client: kube::Client,
+        engine: Arc<Engine>,
+        interval: Duration,
+        instance: Option<String>,
+    ) -> Arc<Self> {
         Arc::new(Self {
-            events: EventWriter::new(client.clone(), "herald", std::env::var("POD_NAME").ok()),
+            events: EventWriter::new(client.clone(), "herald", instance),
             client,
             engine,
             interval,
@@ -539,7 +545,7 @@ mod tests {
         let engine = Engine::for_tests(Arc::new(SqliteStore::open(&dir).unwrap()));
         let nowhere = kube::Config::new("http://127.0.0.1:9".parse().unwrap());
         let client = kube::Client::try_from(nowhere).unwrap();
-        let writer = StatusWriter::new(client, engine.clone(), Duration::from_secs(5));
+        let writer = StatusWriter::new(client, engine.clone(), Duration::from_secs(5), None);
         for (uid, name) in [("uid-a", "a"), ("uid-b", "b")] {
             let obj = object(uid, name);
             writer.saw(&obj);

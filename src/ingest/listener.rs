@@ -6,12 +6,9 @@
 //! by producers can never take those the store, the configuration watcher and the attempts
 //! to receivers need. Also: raising the soft `RLIMIT_NOFILE` to the hard limit at start.
 //!
-//! Settings (environment; durations such as `250ms`, `10s`):
-//! `HERALD_INGEST_HEADER_TIMEOUT` (default 10s), `HERALD_INGEST_BODY_TIMEOUT` (30s),
-//! `HERALD_INGEST_MAX_CONNECTIONS` (1024, lowered to fit the descriptor limit),
-//! `HERALD_INGEST_TLS_RELOAD_INTERVAL` (5s: how often the TLS certificate and key files are
-//! looked at, with --tls-cert-file). Over TLS the handshake, too, must finish within the
-//! header-read timeout, and holds a place under the connection bound while it runs.
+//! Its settings are `herald run`'s `--ingest-*` flags ([`crate::cli::RunArgs`]). Over TLS the
+//! handshake, too, must finish within the header-read timeout, and holds a place under the
+//! connection bound while it runs.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -41,73 +38,29 @@ pub struct Limits {
     pub max_connections: usize,
 }
 
-impl Default for Limits {
-    fn default() -> Self {
-        Self {
-            header_read: Duration::from_secs(10),
-            body_read: Duration::from_secs(30),
-            max_connections: 1024,
-        }
-    }
-}
-
 /// Descriptors kept apart from producers' connections: the store, the configuration
 /// folder, the health listener, logs, DNS.
 const RESERVED_DESCRIPTORS: u64 = 256;
 
 impl Limits {
-    /// The defaults with the environment's overrides, and the connection bound lowered so
-    /// that producers' connections, `max_in_flight` attempts to receivers and
-    /// [`RESERVED_DESCRIPTORS`] fit the descriptor limit together.
-    pub fn from_env(max_in_flight: u32) -> anyhow::Result<Self> {
-        let mut limits = Self::default();
-        if let Some(d) = env_duration("HERALD_INGEST_HEADER_TIMEOUT")? {
-            limits.header_read = d;
-        }
-        if let Some(d) = env_duration("HERALD_INGEST_BODY_TIMEOUT")? {
-            limits.body_read = d;
-        }
-        if let Ok(text) = std::env::var("HERALD_INGEST_MAX_CONNECTIONS") {
-            limits.max_connections = text
-                .trim()
-                .parse::<usize>()
-                .ok()
-                .filter(|n| *n > 0)
-                .ok_or_else(|| {
-                    anyhow::anyhow!(
-                        "HERALD_INGEST_MAX_CONNECTIONS={text:?} is not a positive number"
-                    )
-                })?;
-        }
+    /// These limits with the connection bound lowered so that producers' connections,
+    /// `max_in_flight` attempts to receivers and [`RESERVED_DESCRIPTORS`] fit the
+    /// descriptor limit together.
+    pub fn fitted(mut self, max_in_flight: u32) -> Self {
         if let Some(nofile) = nofile_limit() {
             let room = nofile.saturating_sub(u64::from(max_in_flight) + RESERVED_DESCRIPTORS);
             let fits = usize::try_from(room).unwrap_or(usize::MAX).max(16);
-            if fits < limits.max_connections {
+            if fits < self.max_connections {
                 tracing::warn!(
                     nofile,
                     max_in_flight,
                     max_connections = fits,
                     "the descriptor limit is low: ingest connections are bounded lower to leave room for attempts and the store"
                 );
-                limits.max_connections = fits;
+                self.max_connections = fits;
             }
         }
-        Ok(limits)
-    }
-}
-
-/// A duration from the environment variable `name` (such as `250ms`, `10s`), if set; at
-/// least a millisecond.
-pub fn env_duration(name: &str) -> anyhow::Result<Option<Duration>> {
-    match std::env::var(name) {
-        Err(_) => Ok(None),
-        Ok(text) => {
-            let parsed: crate::api::duration::Duration = text
-                .trim()
-                .parse()
-                .map_err(|e| anyhow::anyhow!("{name}: {e}"))?;
-            Ok(Some(parsed.get().max(Duration::from_millis(1))))
-        }
+        self
     }
 }
 
@@ -200,7 +153,7 @@ pub async fn serve(
                 if !full {
                     tracing::warn!(
                         max_connections = limits.max_connections,
-                        "ingest connection limit reached: new connections wait until one closes (HERALD_INGEST_MAX_CONNECTIONS)"
+                        "ingest connection limit reached: new connections wait until one closes (--ingest-max-connections)"
                     );
                     full = true;
                 }

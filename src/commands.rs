@@ -1,0 +1,69 @@
+//! What each subcommand does: the offline tools (`crds`, `sign`, `verify`) here, the
+//! server (`run`) and the trial receiver (`receive`) in [`crate::run`].
+
+use std::io::Write;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use crate::api::crdgen;
+use crate::cli::{Cli, Command, SignArgs, VerifyArgs};
+use crate::signing::unix_now;
+
+/// Runs the subcommand `cli` names.
+pub fn execute(cli: Cli) -> ExitCode {
+    let result = match cli.command {
+        Command::Crds => crds(),
+        Command::Sign(args) => sign(args),
+        Command::Verify(args) => return verify(args),
+        Command::Run(args) => crate::run::run(*args),
+        Command::Receive(args) => crate::run::receive(args),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("herald: {error:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn crds() -> anyhow::Result<()> {
+    std::io::stdout().write_all(crdgen::render_all()?.as_bytes())?;
+    Ok(())
+}
+
+fn sign(args: SignArgs) -> anyhow::Result<()> {
+    let signer = args.scheme.signer()?;
+    let body = args.scheme.body()?;
+    let timestamp = args.timestamp.unwrap_or_else(unix_now);
+    let mut out = std::io::stdout().lock();
+    for (name, value) in signer.sign(&args.id, timestamp, &body) {
+        writeln!(out, "{name}: {value}")?;
+    }
+    Ok(())
+}
+
+fn verify(args: VerifyArgs) -> ExitCode {
+    let outcome = (|| -> anyhow::Result<()> {
+        let signer = args.scheme.signer()?;
+        let body = args.scheme.body()?;
+        let headers = args.headers.iter().map(|(n, v)| (n.as_str(), v.as_str()));
+        signer.verify(
+            headers,
+            &body,
+            args.now.unwrap_or_else(unix_now),
+            Duration::from_secs(args.tolerance),
+        )?;
+        Ok(())
+    })();
+    match outcome {
+        Ok(()) => {
+            println!("valid");
+            ExitCode::SUCCESS
+        }
+        Err(error) => {
+            eprintln!("invalid: {error:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
