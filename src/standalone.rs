@@ -40,6 +40,7 @@ use base64::Engine as _;
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
+use crate::api::subscription::SecretLookup;
 use crate::api::validation::SubscriptionRules;
 use crate::api::{WebhookQuotaSpec, WebhookSubscriptionSpec};
 use crate::delivery::{Engine, SubscriptionConfig};
@@ -51,7 +52,7 @@ type Key = (String, String);
 pub struct Manifests {
     pub subscriptions: BTreeMap<Key, WebhookSubscriptionSpec>,
     pub quotas: BTreeMap<Key, Quota>,
-    pub secrets: HashMap<Key, HashMap<String, String>>,
+    pub secrets: HashMap<Key, HashMap<String, Vec<u8>>>,
     /// Manifest files the folder holds.
     pub files: usize,
 }
@@ -82,14 +83,6 @@ pub struct Quota {
     pub file: usize,
 }
 
-impl Quota {
-    /// Older first: by creationTimestamp (a quota that has one is older than one that has
-    /// none), then by file, then by name.
-    fn age_key<'a>(&self, name: &'a str) -> impl Ord + 'a {
-        (self.created.is_none(), self.created, self.file, name)
-    }
-}
-
 /// Per namespace, the name and spec of the quota in force.
 pub type QuotasInForce = BTreeMap<String, (String, WebhookQuotaSpec)>;
 
@@ -107,11 +100,19 @@ pub fn quotas_in_force(
     }
     let mut in_force = BTreeMap::new();
     let mut superseded = Vec::new();
-    for (namespace, mut list) in by_namespace {
-        list.sort_by(|a, b| a.1.age_key(a.0).cmp(&b.1.age_key(b.0)));
-        let (winner, quota) = list[0];
-        for (name, _) in &list[1..] {
-            superseded.push((namespace.to_string(), name.to_string(), winner.to_string()));
+    for (namespace, list) in by_namespace {
+        let ages: Vec<_> = list
+            .iter()
+            .map(|(name, quota)| (quota.created, (quota.file, *name)))
+            .collect();
+        let Some(oldest) = crate::api::quota::in_force(&ages) else {
+            continue;
+        };
+        let (winner, quota) = list[oldest];
+        for (i, (name, _)) in list.iter().enumerate() {
+            if i != oldest {
+                superseded.push((namespace.to_string(), name.to_string(), winner.to_string()));
+            }
         }
         in_force.insert(
             namespace.to_string(),
@@ -441,7 +442,7 @@ struct Reader<'a> {
     source: &'a str,
     position: usize,
     quotas: &'a mut BTreeMap<Key, Quota>,
-    secrets: &'a mut HashMap<Key, HashMap<String, String>>,
+    secrets: &'a mut HashMap<Key, HashMap<String, Vec<u8>>>,
     /// One queue per checker, dealt to in turn.
     to_check: Vec<std::sync::mpsc::SyncSender<Vec<Unchecked>>>,
     /// Subscriptions read and not yet dealt.
@@ -574,9 +575,14 @@ impl Reader<'_> {
                         .map_err(|_| {
                             anyhow::anyhow!(context(&format!("field data.{k} is not base64")))
                         })?;
-                    values.insert(k, String::from_utf8_lossy(&decoded).into_owned());
+                    values.insert(k, decoded);
                 }
-                values.extend(string_data.unwrap_or_default());
+                values.extend(
+                    string_data
+                        .unwrap_or_default()
+                        .into_iter()
+                        .map(|(k, v)| (k, v.into_bytes())),
+                );
                 if self.secrets.insert(key.clone(), values).is_some() {
                     anyhow::bail!(context("declared twice"));
                 }
@@ -610,18 +616,18 @@ fn resolve_secrets(
     namespace: &str,
     spec: &WebhookSubscriptionSpec,
 ) -> Result<Vec<String>, String> {
-    std::iter::once(&spec.signing.secret_ref)
-        .chain(&spec.signing.additional_secret_refs)
-        .map(|r| {
-            manifests
-                .secrets
-                .get(&(namespace.to_string(), r.name.clone()))
-                .ok_or_else(|| format!("Secret {namespace}/{} not found", r.name))?
-                .get(&r.key)
-                .cloned()
-                .ok_or_else(|| format!("Secret {namespace}/{} has no key {}", r.name, r.key))
-        })
-        .collect()
+    spec.secret_values(|name, key| {
+        match manifests
+            .secrets
+            .get(&(namespace.to_string(), name.to_string()))
+        {
+            None => SecretLookup::NoSecret,
+            Some(values) => values
+                .get(key)
+                .map_or(SecretLookup::NoKey, |v| SecretLookup::Value(v)),
+        }
+    })
+    .map_err(|problem| problem.message(namespace))
 }
 
 /// mimalloc's option number for its purge delay (`mi_option_purge_delay`, mimalloc.h v2).
@@ -927,7 +933,7 @@ spec:
         ]);
         let m = load(&dir).unwrap();
         assert_eq!(m.subscriptions.len(), 1);
-        assert_eq!(m.secrets[&("shop".into(), "s".into())]["k"], "whsec_AAAA");
+        assert_eq!(m.secrets[&("shop".into(), "s".into())]["k"], b"whsec_AAAA");
         assert_eq!(
             m.quotas[&("default".into(), "q".into())].spec.max_in_flight,
             32

@@ -109,3 +109,39 @@ pub struct WebhookQuotaStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pending_attempts: Option<u64>,
 }
+
+/// Which of a namespace's quotas is in force, the rule both configuration sources follow:
+/// the oldest. Each quota is given as its creation time and what orders quotas created at
+/// the same time or without one (in a cluster its name; in a folder its file's place, then
+/// its name). A quota with a creation time is older than any without (not yet persisted,
+/// or a manifest that carries none). Returns the index of the one in force.
+pub fn in_force<T: Ord, K: Ord>(quotas: &[(Option<T>, K)]) -> Option<usize> {
+    (0..quotas.len()).min_by(|&a, &b| {
+        let (ta, ka) = &quotas[a];
+        let (tb, kb) = &quotas[b];
+        (ta.is_none(), ta, ka).cmp(&(tb.is_none(), tb, kb))
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_oldest_quota_wins_then_the_name() {
+        let quotas = [
+            (Some(20), "b"),
+            (Some(10), "z"),
+            (None, "a"),
+            (Some(10), "c"),
+        ];
+        assert_eq!(in_force(&quotas), Some(3));
+        assert_eq!(in_force::<i64, &str>(&[]), None);
+        assert_eq!(in_force::<i64, _>(&[(None, "x"), (None, "a")]), Some(1));
+        // In a folder: the file's place before the name.
+        assert_eq!(
+            in_force::<i64, _>(&[(None, (1, "a")), (None, (0, "z"))]),
+            Some(1)
+        );
+    }
+}

@@ -460,6 +460,67 @@ impl WebhookSubscriptionSpec {
     pub fn secret_ref_problem(&self) -> Option<String> {
         self.secret_refs().find_map(SecretKeyRef::problem)
     }
+
+    /// The signing secrets' values, current first, by the rule both configuration sources
+    /// follow: every reference is a valid Secret name and key, names a Secret that exists
+    /// and has that key, and the value is UTF-8 text. `find(name, key)` looks one up (a
+    /// cluster's Secrets as read, or a folder's Secret manifests); the first reference that
+    /// fails says why.
+    pub fn secret_values<'a>(
+        &self,
+        mut find: impl FnMut(&str, &str) -> SecretLookup<'a>,
+    ) -> Result<Vec<String>, SecretProblem> {
+        if let Some(why) = self.secret_ref_problem() {
+            return Err(SecretProblem::InvalidRef(why));
+        }
+        self.secret_refs()
+            .map(|r| match find(&r.name, &r.key) {
+                SecretLookup::NoSecret => Err(SecretProblem::NotFound(r.name.clone())),
+                SecretLookup::NoKey => {
+                    Err(SecretProblem::KeyMissing(r.name.clone(), r.key.clone()))
+                }
+                SecretLookup::Value(bytes) => String::from_utf8(bytes.to_vec())
+                    .map_err(|_| SecretProblem::NotText(r.name.clone(), r.key.clone())),
+            })
+            .collect()
+    }
+}
+
+/// What looking up one secret reference found.
+pub enum SecretLookup<'a> {
+    NoSecret,
+    NoKey,
+    Value(&'a [u8]),
+}
+
+/// Why a subscription's signing secrets cannot be read, the same in a cluster and in a
+/// folder ([`WebhookSubscriptionSpec::secret_values`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SecretProblem {
+    /// A reference that cannot name a Secret ([`SecretKeyRef::problem`]).
+    InvalidRef(String),
+    /// The Secret of this name does not exist.
+    NotFound(String),
+    /// The Secret (name) has no such key.
+    KeyMissing(String, String),
+    /// The value under the key (Secret name, key) is not UTF-8 text.
+    NotText(String, String),
+}
+
+impl SecretProblem {
+    /// In words, for a Secret of `namespace`; never with a value.
+    pub fn message(&self, namespace: &str) -> String {
+        match self {
+            SecretProblem::InvalidRef(why) => why.clone(),
+            SecretProblem::NotFound(name) => format!("Secret {namespace}/{name} not found"),
+            SecretProblem::KeyMissing(name, key) => {
+                format!("Secret {namespace}/{name} has no key {key:?}")
+            }
+            SecretProblem::NotText(name, key) => {
+                format!("key {key:?} of Secret {namespace}/{name} is not UTF-8 text")
+            }
+        }
+    }
 }
 
 /// One `eventTypes` entry against one event type: "*" matches all, "a.*" matches every type
@@ -479,6 +540,60 @@ pub fn event_type_matches(pattern: &str, event_type: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The one secret rule of both configuration sources: current first, the first failing
+    /// reference says why, and a value that is not text is refused (a folder's Secret used
+    /// to be read with the bad bytes replaced, and signed with a secret nobody wrote).
+    #[test]
+    fn secret_values_follow_one_rule() {
+        let spec: WebhookSubscriptionSpec = serde_json::from_value(serde_json::json!({
+            "url": "https://example.com/hook",
+            "eventTypes": ["*"],
+            "signing": {
+                "secretRef": {"name": "new", "key": "k"},
+                "additionalSecretRefs": [{"name": "old", "key": "k"}],
+            },
+        }))
+        .unwrap();
+        let found = |new: SecretLookup<'static>, old: SecretLookup<'static>| {
+            let (mut new, mut old) = (Some(new), Some(old));
+            spec.secret_values(move |name, _| match name {
+                "new" => new.take().unwrap(),
+                _ => old.take().unwrap(),
+            })
+        };
+        assert_eq!(
+            found(SecretLookup::Value(b"a"), SecretLookup::Value(b"b")),
+            Ok(vec!["a".to_string(), "b".to_string()])
+        );
+        assert_eq!(
+            found(SecretLookup::Value(b"a"), SecretLookup::NoSecret),
+            Err(SecretProblem::NotFound("old".into()))
+        );
+        assert_eq!(
+            found(SecretLookup::NoKey, SecretLookup::NoSecret),
+            Err(SecretProblem::KeyMissing("new".into(), "k".into()))
+        );
+        let not_text = found(SecretLookup::Value(b"\xff"), SecretLookup::Value(b"b"));
+        assert_eq!(
+            not_text,
+            Err(SecretProblem::NotText("new".into(), "k".into()))
+        );
+        assert_eq!(
+            not_text.unwrap_err().message("shop"),
+            "key \"k\" of Secret shop/new is not UTF-8 text"
+        );
+
+        let mut bad = spec.clone();
+        bad.signing.secret_ref.name = "?watch=true".into();
+        let asked = std::cell::Cell::new(false);
+        let refused = bad.secret_values(|_, _| {
+            asked.set(true);
+            SecretLookup::NoSecret
+        });
+        assert!(matches!(refused, Err(SecretProblem::InvalidRef(_))));
+        assert!(!asked.get(), "an invalid name was looked up");
+    }
 
     /// Issue 24 item 1: a name that is no Secret name never reaches a request path.
     #[test]

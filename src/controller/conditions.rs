@@ -259,17 +259,6 @@ pub fn reenable_requested<'a>(
     annotation.filter(|value| Some(*value) != handled)
 }
 
-/// Which of a namespace's quotas is in force: the oldest by creation time, then by name.
-/// Returns the index into `quotas` of (creation time, name) pairs.
-pub fn quota_in_force(quotas: &[(Option<Timestamp>, &str)]) -> Option<usize> {
-    (0..quotas.len()).min_by(|&a, &b| {
-        let (ta, na) = quotas[a];
-        let (tb, nb) = quotas[b];
-        // A quota without a creation time (not yet persisted) sorts last.
-        (ta.is_none(), ta, na).cmp(&(tb.is_none(), tb, nb))
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -480,18 +469,5 @@ mod tests {
         assert_eq!(reenable_requested(Some("1"), Some("1")), None);
         assert_eq!(reenable_requested(Some("2"), Some("1")), Some("2"));
         assert_eq!(reenable_requested(None, Some("1")), None);
-    }
-
-    #[test]
-    fn the_oldest_quota_wins_then_the_name() {
-        let quotas = [
-            (Some(at(20)), "b"),
-            (Some(at(10)), "z"),
-            (None, "a"),
-            (Some(at(10)), "c"),
-        ];
-        assert_eq!(quota_in_force(&quotas), Some(3));
-        assert_eq!(quota_in_force(&[]), None);
-        assert_eq!(quota_in_force(&[(None, "x"), (None, "a")]), Some(1));
     }
 }

@@ -16,6 +16,7 @@ use super::conditions::{Announcement, Problem, REENABLE_ANNOTATION, reenable_req
 use super::secret_reads::SecretReads;
 use super::status::{Entry, StatusWriter};
 use super::{Error, Result};
+use crate::api::subscription::{SecretLookup, SecretProblem};
 use crate::api::{WebhookSubscription, WebhookSubscriptionSpec};
 use crate::delivery::{Engine, SubscriptionConfig};
 
@@ -227,30 +228,30 @@ async fn resolve_secrets(
         return Ok(Err(Problem::InvalidSpec(why)));
     }
     let api: Api<Secret> = Api::namespaced(ctx.client.clone(), namespace);
-    let mut values = Vec::new();
+    let mut read = std::collections::HashMap::new();
     for reference in spec.secret_refs() {
+        if read.contains_key(reference.name.as_str()) {
+            continue;
+        }
         let fetch = async {
             let secret = api.get_opt(&reference.name).await?;
             Ok(secret.map(|s| Arc::new(s.data.unwrap_or_default())))
         };
-        let Some(data) = ctx.secrets.read(namespace, &reference.name, fetch).await? else {
-            return Ok(Err(Problem::SecretNotFound(reference.name.clone())));
-        };
-        let Some(bytes) = data.get(&reference.key) else {
-            return Ok(Err(Problem::SecretKeyMissing(
-                reference.name.clone(),
-                reference.key.clone(),
-            )));
-        };
-        match String::from_utf8(bytes.0.clone()) {
-            Ok(value) => values.push(value),
-            Err(_) => {
-                return Ok(Err(Problem::InvalidSecret(format!(
-                    "key {:?} of Secret {namespace}/{} is not UTF-8 text",
-                    reference.key, reference.name
-                ))));
-            }
-        }
+        let data = ctx.secrets.read(namespace, &reference.name, fetch).await?;
+        read.insert(reference.name.as_str(), data);
     }
-    Ok(Ok(values))
+    let values = spec.secret_values(|name, key| match read.get(name).and_then(Option::as_ref) {
+        None => SecretLookup::NoSecret,
+        Some(data) => data
+            .get(key)
+            .map_or(SecretLookup::NoKey, |bytes| SecretLookup::Value(&bytes.0)),
+    });
+    Ok(values.map_err(|problem| match problem {
+        SecretProblem::InvalidRef(why) => Problem::InvalidSpec(why),
+        SecretProblem::NotFound(name) => Problem::SecretNotFound(name),
+        SecretProblem::KeyMissing(name, key) => Problem::SecretKeyMissing(name, key),
+        not_text @ SecretProblem::NotText(..) => {
+            Problem::InvalidSecret(not_text.message(namespace))
+        }
+    }))
 }

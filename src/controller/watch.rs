@@ -20,7 +20,6 @@ use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Resource, ResourceExt};
 
-use super::conditions::quota_in_force;
 use super::queue::{Key, Queue};
 use super::reconcile::{Context, reconcile_digest};
 use super::status::write_quota_status;
@@ -459,7 +458,7 @@ async fn apply_quota(
             )
         })
         .collect();
-    let Some(winner) = quota_in_force(&keys) else {
+    let Some(winner) = crate::api::quota::in_force(&keys) else {
         if applied.remove(namespace) {
             engine.set_quota(namespace, None, None, None);
             tracing::info!(namespace, "no WebhookQuota left; the default limits apply");

@@ -634,7 +634,8 @@ pub fn manifests(data: &[u8]) {
                 manifests
                     .secrets
                     .get(&(namespace.clone(), r.name.clone()))
-                    .and_then(|values| values.get(&r.key).cloned())
+                    .and_then(|values| values.get(&r.key))
+                    .map(|value| String::from_utf8_lossy(value).into_owned())
             })
             .collect();
         let config = SubscriptionConfig::from_spec(
