@@ -342,6 +342,12 @@ pub struct Completion {
     /// This completion disabled the subscription.
     pub disabled_now: bool,
     pub consecutive_failures: u32,
+    /// When recorded: the earliest due time of the subscription's deliveries waiting to be
+    /// claimed, as the completion saw them (None: none waits, or the subscription is paused,
+    /// disabled or gone). The lane then asks for its next claim only when one is due,
+    /// rather than once more after every attempt to find out. A retry this completion
+    /// scheduled may or may not be among them.
+    pub next_due_ms: Option<i64>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]

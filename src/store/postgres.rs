@@ -658,7 +658,10 @@ impl Store for PostgresStore {
             // order claims, removals and take-overs take them. The delivery moves on only
             // while it is in flight under this claim (same attempt number): a delivery
             // purged meanwhile is gone, and a stale claim's attempt (a take-over made it due
-            // again, or another replica claimed it since) is logged as history only.
+            // again, or another replica claimed it since) is logged as history only. The
+            // last column is the subscription's next due time for the lane (one statement,
+            // one snapshot: the changes above are not seen by it, so a retry scheduled here
+            // is not among them).
             let row = query(
                 "WITH sub AS MATERIALIZED (
                      SELECT uid FROM subscriptions
@@ -696,7 +699,11 @@ impl Store for PostgresStore {
                  )
                  SELECT EXISTS (SELECT 1 FROM moved),
                         coalesce((SELECT consecutive_failures FROM counted), 0),
-                        coalesce((SELECT disabled_now FROM counted), false)",
+                        coalesce((SELECT disabled_now FROM counted), false),
+                        (SELECT min(d.due_ms) FROM deliveries d, subscriptions s
+                         WHERE s.uid = (SELECT uid FROM sub)
+                           AND s.live AND NOT s.paused AND NOT s.disabled
+                           AND d.sub_uid = s.uid AND d.state = 0)",
             )
             .bind(claim.delivery_id)
             .bind(state.code() as i16)
@@ -719,6 +726,7 @@ impl Store for PostgresStore {
                 recorded: row.try_get(0)?,
                 disabled_now: row.try_get(2)?,
                 consecutive_failures: row.try_get::<i32, _>(1)?.max(0) as u32,
+                next_due_ms: row.try_get(3)?,
             })
         })
         .await

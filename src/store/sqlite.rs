@@ -729,7 +729,8 @@ impl Store for SqliteStore {
                 .query_row(params![sub_uid, ok, dead], |r| Ok((r.get(0)?, r.get(1)?)))
                 .optional()?
                 .unwrap_or((0, false));
-            Ok(Completion { recorded: true, disabled_now, consecutive_failures: failures })
+            let next_due_ms = next_due(conn, &sub_uid)?;
+            Ok(Completion { recorded: true, disabled_now, consecutive_failures: failures, next_due_ms })
         })
         .await
     }
@@ -1010,6 +1011,19 @@ const CLAIM_FENCED: &str = "UPDATE deliveries SET state = 1, attempts = attempts
 const UNCLAIM: &str = "UPDATE deliveries SET state = 0, attempts = attempts - 1
      WHERE id = ?1 AND state = 1 AND attempts = ?2";
 
+/// The earliest due time of the subscription's deliveries waiting to be claimed; None when
+/// none waits or it is paused, disabled or gone.
+fn next_due(conn: &Connection, uid: &str) -> rusqlite::Result<Option<i64>> {
+    let due: Option<Option<i64>> = conn
+        .prepare_cached(
+            "SELECT (SELECT min(due_ms) FROM deliveries WHERE sub_uid = ?1 AND state = 0)
+             FROM subscriptions WHERE uid = ?1 AND live = 1 AND paused = 0 AND disabled = 0",
+        )?
+        .query_row([uid], |r| r.get(0))
+        .optional()?;
+    Ok(due.flatten())
+}
+
 /// The claim, fenced by liveness and, with several replicas, by the shard's lease epoch.
 fn claim(
     conn: &Connection,
@@ -1031,15 +1045,8 @@ fn claim(
             .optional()?,
     };
     let Some((delivery_id, event, attempt, window_start_ms)) = claimed else {
-        let next_due_ms: Option<Option<i64>> = conn
-            .prepare_cached(
-                "SELECT (SELECT min(due_ms) FROM deliveries WHERE sub_uid = ?1 AND state = 0)
-                 FROM subscriptions WHERE uid = ?1 AND live = 1 AND paused = 0 AND disabled = 0",
-            )?
-            .query_row([&uid], |r| r.get(0))
-            .optional()?;
         return Ok(Claim::Idle {
-            next_due_ms: next_due_ms.flatten(),
+            next_due_ms: next_due(conn, &uid)?,
         });
     };
     conn.prepare_cached("SELECT event_id, event_type, body FROM events WHERE id = ?1")?

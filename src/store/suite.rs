@@ -241,7 +241,9 @@ async fn completion_counts_and_auto_disables(store: &dyn Store) {
         Completion {
             recorded: true,
             disabled_now: false,
-            consecutive_failures: 0
+            consecutive_failures: 0,
+            // Three more wait, due since 100: the lane claims again at once.
+            next_due_ms: Some(100),
         }
     );
 
@@ -257,6 +259,9 @@ async fn completion_counts_and_auto_disables(store: &dyn Store) {
             .await
             .unwrap();
         assert_eq!(done.consecutive_failures, n);
+        // The last one waiting was just dead-lettered (and the subscription disabled):
+        // nothing is due, and the lane rests instead of claiming to find that out.
+        assert_eq!(done.next_due_ms, (n < 3).then_some(100), "after {n}");
         if done.disabled_now {
             disabled_at = Some(n);
         }

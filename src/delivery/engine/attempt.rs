@@ -24,8 +24,8 @@ use crate::store::{self, AttemptRecord, Claim, Claimed, Completion, Next};
 /// A slot of a lane, taken from the scheduler, that one attempt runs in.
 pub(super) struct Slot {
     pub config: Arc<SubscriptionConfig>,
-    /// The lane's wake count when the slot was taken. A lane that finds nothing due rests
-    /// as of it; one started with a publish rests after its attempt while it is unchanged.
+    /// The lane's wake count when the slot was taken: a lane that finds nothing due, by its
+    /// claim or by its completion, rests only while no wake came after it.
     pub epoch: u64,
 }
 
@@ -60,12 +60,12 @@ impl Engine {
         let config = &slot.config;
 
         // Claim.
-        let (claimed, fence, with_publish) = match claiming {
+        let (claimed, fence) = match claiming {
             Claiming::Next => match self.claim(&slot).await {
-                Some((claimed, fence)) => (claimed, fence, false),
+                Some(claimed) => claimed,
                 None => return,
             },
-            Claiming::WithPublish { claimed, fence } => (claimed, fence, true),
+            Claiming::WithPublish { claimed, fence } => (claimed, fence),
         };
 
         // Fence: nothing is sent once stopping, or when the shard's hold ended while the
@@ -119,30 +119,48 @@ impl Engine {
         });
         record_metrics(config, &result, next, completion.as_ref().ok());
 
-        // Release: the slot goes back, and the lane is woken to claim what else is due,
-        // unless it was started with a publish and nothing woke it since: it had nothing
-        // else due then, and whatever is due later has its timer.
+        // Release: the slot goes back. The completion said when the lane's next delivery is
+        // due: the lane claims again at once only if one is due now, and otherwise rests
+        // with a timer for it, unless something woke it since the slot was taken (a wake
+        // after that may be for work the completion did not see). Not recorded, it claims
+        // to find out.
         let uid = &*config.uid;
         let mut inner = self.lock();
         inner.states.remove(uid);
-        inner.scheduler.release(uid, &config.namespace);
-        match &completion {
-            Ok(done) if done.recorded => match next {
-                Next::Retry { due_ms } => inner.add_timer(uid, due_ms),
-                Next::Delivered | Next::DeadLetter => inner.pending_sub(&config.namespace, 1),
-            },
-            Ok(_) => span.in_scope(|| {
-                tracing::info!(
-                    "the attempt's outcome was not applied: its delivery was removed, or claimed again meanwhile (a shard take-over); it is kept in the history"
-                )
-            }),
+        let due_now = match &completion {
+            Ok(done) if done.recorded => {
+                match next {
+                    Next::Retry { due_ms } => inner.add_timer(uid, due_ms),
+                    Next::Delivered | Next::DeadLetter => inner.pending_sub(&config.namespace, 1),
+                }
+                match done.next_due_ms {
+                    Some(at) if at > now_ms() => {
+                        inner.add_timer(uid, at);
+                        false
+                    }
+                    Some(_) => true,
+                    None => false,
+                }
+            }
+            Ok(_) => {
+                span.in_scope(|| {
+                    tracing::info!(
+                        "the attempt's outcome was not applied: its delivery was removed, or claimed again meanwhile (a shard take-over); it is kept in the history"
+                    )
+                });
+                true
+            }
             Err(e) => {
                 tracing::error!(error = %e, "recording an attempt failed while stopping; it is made again after the next start");
+                true
             }
-        }
-        if !(with_publish && slot.epoch == inner.scheduler.epoch(uid)) {
+        };
+        if due_now {
             inner.scheduler.wake(uid);
+        } else {
+            inner.scheduler.idle(uid, slot.epoch);
         }
+        inner.scheduler.release(uid, &config.namespace);
         drop(inner);
         self.wakeup.notify_one();
 

@@ -266,6 +266,36 @@ async fn an_idle_lane_is_claimed_with_its_publish() {
     assert_eq!((list.len(), list[0].attempts), (1, 1));
 }
 
+/// A lane with a backlog claims once per delivery and not once more: each completion says
+/// whether another is due, and after the last the lane rests instead of asking the store
+/// (on PostgreSQL a claim that finds nothing cost two statements, 0.3 to 0.7 of them per
+/// event delivered).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lane_claims_only_what_its_completions_say_is_due() {
+    let (address, hits) = counting_receiver().await;
+    let store = Arc::new(FaultyStore::new());
+    let engine = test_engine(store.clone());
+    engine.upsert(hook(address)).await.unwrap();
+    engine.recover().await.unwrap();
+    for i in 0..3 {
+        publish(&engine, &format!("evt-{i}")).await;
+    }
+    engine.spawn();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while hits.load(Ordering::Acquire) < 3
+        || engine.lock().scheduler.in_flight() > 0
+        || engine.lock().scheduler.wants("uid-1")
+    {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the backlog was not delivered and the lane never rested"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(store.claims_next.load(Ordering::Acquire), 3);
+    assert_eq!(hits.load(Ordering::Acquire), 3);
+}
+
 /// Issue 24 item 10: publishing into namespaces without a subscription does not add a
 /// metric series per namespace; a namespace with one keeps its own.
 #[tokio::test]
