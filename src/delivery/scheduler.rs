@@ -274,6 +274,21 @@ impl Scheduler {
         true
     }
 
+    /// Whether the lane's attempt, done with one delivery, may go on to the lane's next in
+    /// the same slot rather than give the slot back and queue for another: only while no
+    /// other lane of its namespace waits for a slot, no namespace waits for the shared
+    /// pool, and its namespace is within its quota (which may have been lowered), so a lane
+    /// keeps no slot another would have had.
+    pub fn may_go_on(&self, uid: &str) -> bool {
+        let Some(lane) = self.lanes.get(uid) else {
+            return false;
+        };
+        self.pool_waiters.is_empty()
+            && self.namespaces.get(&lane.namespace).is_some_and(|ns| {
+                ns.in_flight <= ns.limit && ns.ready.iter().all(|queued| **queued == *uid)
+            })
+    }
+
     /// An attempt of the lane finished (or found nothing to do): give its slot back.
     pub fn release(&mut self, uid: &str, namespace: &str) {
         self.global_in_flight = self.global_in_flight.saturating_sub(1);
@@ -341,6 +356,47 @@ mod tests {
         // Eight held, the ninth becomes due: it starts at once.
         s.wake("sub8");
         assert_eq!(s.start_next().as_deref(), Some("sub8"));
+    }
+
+    /// A lane goes on to its next delivery in its slot only while nobody waits for a slot:
+    /// another lane of its namespace at the quota, or another namespace for the pool.
+    #[test]
+    fn a_lane_goes_on_only_while_nobody_waits() {
+        let mut s = Scheduler::new(1, 2, 1);
+        s.upsert_lane(&"a".into(), "ns", 1);
+        s.upsert_lane(&"b".into(), "ns", 1);
+        s.upsert_lane(&"e".into(), "ns", 1);
+        s.wake("a");
+        assert_eq!(s.start_next().as_deref(), Some("a"));
+        assert!(s.may_go_on("a"), "nobody waits");
+        assert!(!s.may_go_on("gone"));
+
+        // The namespace's quota (2) leaves room for b: b starts, and a may still go on.
+        s.wake("b");
+        assert_eq!(s.start_next().as_deref(), Some("b"));
+        assert!(s.may_go_on("a"));
+        // e becomes due while the namespace is at its quota: e waits, so a gives way.
+        s.wake("e");
+        assert_eq!(s.start_next(), None);
+        assert!(!s.may_go_on("a"), "a lane of its namespace waits");
+
+        // Another namespace waiting for the shared pool (used up by ns) holds a back too.
+        let mut s = Scheduler::new(1, 4, 1);
+        s.upsert_lane(&"a".into(), "ns", 2);
+        s.upsert_lane(&"c".into(), "other", 1);
+        s.upsert_lane(&"d".into(), "other", 1);
+        s.wake("a");
+        assert_eq!(s.start_next().as_deref(), Some("a"));
+        assert_eq!(s.start_next().as_deref(), Some("a"), "from the pool");
+        s.wake("c");
+        s.wake("d");
+        assert_eq!(
+            s.start_next().as_deref(),
+            Some("c"),
+            "other's reserved slot"
+        );
+        assert_eq!(s.start_next(), None, "d waits for the pool");
+        assert!(!s.may_go_on("a"), "a namespace waits for the pool");
     }
 
     #[test]

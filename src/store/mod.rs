@@ -502,12 +502,29 @@ pub trait Store: Send + Sync + 'static {
     /// under `claim` (see [`ClaimRef`]). A stale claim's attempt is kept in the history (its
     /// message says it was superseded) and changes neither the delivery nor the counters; a
     /// delivery purged meanwhile stays gone.
+    ///
+    /// With `then_claim` (the time now), when the attempt delivered its event and was
+    /// recorded, the subscription's next due delivery is claimed in the same round trip, by
+    /// the rules of a claim ([`Store::claim_fenced`]: live, not paused, not disabled, under
+    /// the same fence): a lane with a backlog goes from one delivery to the next without a
+    /// claim of its own.
+    async fn complete_and_claim(
+        &self,
+        claim: ClaimRef,
+        attempt: AttemptRecord,
+        next: Next,
+        then_claim: Option<i64>,
+    ) -> Result<(Completion, Option<Claimed>)>;
+
+    /// [`Store::complete_and_claim`] without the claim.
     async fn complete(
         &self,
         claim: ClaimRef,
         attempt: AttemptRecord,
         next: Next,
-    ) -> Result<Completion>;
+    ) -> Result<Completion> {
+        Ok(self.complete_and_claim(claim, attempt, next, None).await?.0)
+    }
 
     /// After a restart: deliveries that were on the wire become due again (at least once).
     async fn recover_in_flight(&self, now_ms: i64) -> Result<u64>;

@@ -636,12 +636,13 @@ impl Store for PostgresStore {
         .await
     }
 
-    async fn complete(
+    async fn complete_and_claim(
         &self,
         claim: ClaimRef,
         attempt: AttemptRecord,
         next: Next,
-    ) -> Result<Completion> {
+        then_claim: Option<i64>,
+    ) -> Result<(Completion, Option<Claimed>)> {
         let (state, due_ms) = match next {
             Next::Delivered => (DeliveryState::Delivered, attempt.at_ms),
             Next::Retry { due_ms } => (DeliveryState::Pending, due_ms),
@@ -652,19 +653,23 @@ impl Store for PostgresStore {
         let dead = next == Next::DeadLetter;
         let stale_message = superseded_message(&attempt.message);
         within(OP_TIMEOUT, async {
-            // The subscription row first (`sub`), then, for a fenced claim, the shard's
-            // owner row while it is at the claim's epoch (`owner`, FOR SHARE: a take-over in
-            // progress makes this wait, then see the new epoch), then the delivery, in the
-            // order claims, removals and take-overs take them. The delivery moves on only
-            // while it is in flight under this claim (same attempt number): a delivery
-            // purged meanwhile is gone, and a stale claim's attempt (a take-over made it due
-            // again, or another replica claimed it since) is logged as history only. The
-            // last column is the subscription's next due time for the lane (one statement,
-            // one snapshot: the changes above are not seen by it, so a retry scheduled here
-            // is not among them).
+            // The subscription row first (`sub`, whose FOR NO KEY UPDATE returns the row as
+            // it is once any pause or removal in progress has committed), then, for a fenced
+            // claim, the shard's owner row while it is at the claim's epoch (`owner`, FOR
+            // SHARE: a take-over in progress makes this wait, then see the new epoch), then
+            // the deliveries, in the order claims, removals and take-overs take them. The
+            // delivery moves on only while it is in flight under this claim (same attempt
+            // number): a delivery purged meanwhile is gone, and a stale claim's attempt (a
+            // take-over made it due again, or another replica claimed it since) is logged as
+            // history only. After a delivery, with $16, the lane's next due delivery is
+            // claimed (`following`, `claimed`: the rules of CLAIM, the fence held through
+            // `moved`). The fourth column is the lane's next due time; one statement sees one
+            // snapshot, so a retry scheduled here is not among it, and a delivery claimed
+            // here still is.
             let row = query(
                 "WITH sub AS MATERIALIZED (
-                     SELECT uid FROM subscriptions
+                     SELECT uid, live AND NOT paused AND NOT disabled AS active
+                     FROM subscriptions
                      WHERE uid = (SELECT sub_uid FROM deliveries WHERE id = $1)
                      FOR NO KEY UPDATE
                  ), owner AS MATERIALIZED (
@@ -696,14 +701,30 @@ impl Store for PostgresStore {
                      RETURNING s.consecutive_failures,
                                s.disabled AND NOT $10 AND s.disable_after > 0
                                    AND s.consecutive_failures = s.disable_after AS disabled_now
+                 ), following AS MATERIALIZED (
+                     SELECT id FROM deliveries
+                     WHERE $16::bigint IS NOT NULL AND $10 AND EXISTS (SELECT 1 FROM moved)
+                       AND (SELECT active FROM sub)
+                       AND sub_uid = (SELECT uid FROM sub) AND state = 0 AND due_ms <= $16
+                     ORDER BY due_ms, id
+                     LIMIT 1
+                     FOR UPDATE SKIP LOCKED
+                 ), claimed AS (
+                     UPDATE deliveries d SET state = 1, attempts = d.attempts + 1
+                     FROM following, events e
+                     WHERE d.id = following.id AND e.id = d.event
+                     RETURNING d.id, e.event_id, e.event_type, e.body, d.attempts,
+                               d.window_start_ms, d.sub_uid
                  )
                  SELECT EXISTS (SELECT 1 FROM moved),
                         coalesce((SELECT consecutive_failures FROM counted), 0),
                         coalesce((SELECT disabled_now FROM counted), false),
-                        (SELECT min(d.due_ms) FROM deliveries d, subscriptions s
-                         WHERE s.uid = (SELECT uid FROM sub)
-                           AND s.live AND NOT s.paused AND NOT s.disabled
-                           AND d.sub_uid = s.uid AND d.state = 0)",
+                        (SELECT min(d.due_ms) FROM deliveries d
+                         WHERE (SELECT active FROM sub)
+                           AND d.sub_uid = (SELECT uid FROM sub) AND d.state = 0),
+                        c.id, c.event_id, c.event_type, c.body, c.attempts, c.window_start_ms,
+                        c.sub_uid
+                 FROM (SELECT 1) AS one LEFT JOIN claimed c ON true",
             )
             .bind(claim.delivery_id)
             .bind(state.code() as i16)
@@ -720,14 +741,29 @@ impl Store for PostgresStore {
             .bind(claim.fence.map(|f| shard_number(f.shard)))
             .bind(claim.fence.map(|f| f.epoch))
             .bind(&stale_message)
+            .bind(then_claim)
             .fetch_one(&self.relaxed)
             .await?;
-            Ok(Completion {
+            let completion = Completion {
                 recorded: row.try_get(0)?,
                 disabled_now: row.try_get(2)?,
                 consecutive_failures: row.try_get::<i32, _>(1)?.max(0) as u32,
                 next_due_ms: row.try_get(3)?,
-            })
+            };
+            let following = match row.try_get::<Option<i64>, _>(4)? {
+                None => None,
+                Some(delivery_id) => Some(Claimed {
+                    delivery_id,
+                    subscription_uid: row.try_get(10)?,
+                    event_id: row.try_get(5)?,
+                    event_type: row.try_get(6)?,
+                    body: row.try_get(7)?,
+                    attempt: row.try_get::<i32, _>(8)?.max(0) as u32,
+                    window_start_ms: row.try_get(9)?,
+                    fence: claim.fence,
+                }),
+            };
+            Ok((completion, following))
         })
         .await
     }

@@ -550,7 +550,7 @@ impl Store for SqliteStore {
                 if !result.targets.contains(&uid) {
                     continue;
                 }
-                if let Claim::Claimed(c) = claim(conn, uid, now_ms, fence)? {
+                if let Claim::Claimed(c) = claim_due(conn, uid, now_ms, fence)? {
                     claimed.push(c);
                 }
             }
@@ -604,7 +604,7 @@ impl Store for SqliteStore {
     async fn claim_next(&self, uid: &str, now_ms: i64) -> Result<Claim> {
         let uid = uid.to_string();
         self.run(Durability::Relaxed, move |conn| {
-            claim(conn, uid, now_ms, None)
+            claim_due(conn, uid, now_ms, None)
         })
         .await
     }
@@ -612,7 +612,7 @@ impl Store for SqliteStore {
     async fn claim_fenced(&self, uid: &str, now_ms: i64, fence: ShardFence) -> Result<Claim> {
         let uid = uid.to_string();
         self.run(Durability::Relaxed, move |conn| {
-            claim(conn, uid, now_ms, Some(fence))
+            claim_due(conn, uid, now_ms, Some(fence))
         })
         .await
     }
@@ -673,12 +673,13 @@ impl Store for SqliteStore {
         .await
     }
 
-    async fn complete(
+    async fn complete_and_claim(
         &self,
         claim: ClaimRef,
         attempt: AttemptRecord,
         next: Next,
-    ) -> Result<Completion> {
+        then_claim: Option<i64>,
+    ) -> Result<(Completion, Option<Claimed>)> {
         self.run(Durability::Relaxed, move |conn| {
             let (state, due_ms) = match next {
                 Next::Delivered => (DeliveryState::Delivered, attempt.at_ms),
@@ -719,7 +720,7 @@ impl Store for SqliteStore {
             let Some(sub_uid) = sub_uid else {
                 // Stale (a take-over, a later claim): history only. Purged: nothing.
                 log(&superseded_message(&attempt.message))?;
-                return Ok(Completion::default());
+                return Ok((Completion::default(), None));
             };
             log(&attempt.message)?;
             let ok = next == Next::Delivered;
@@ -729,8 +730,17 @@ impl Store for SqliteStore {
                 .query_row(params![sub_uid, ok, dead], |r| Ok((r.get(0)?, r.get(1)?)))
                 .optional()?
                 .unwrap_or((0, false));
+            let following = match then_claim {
+                Some(now_ms) if ok => match claim_due(conn, sub_uid.clone(), now_ms, claim.fence)? {
+                    Claim::Claimed(claimed) => Some(claimed),
+                    Claim::Idle { .. } => None,
+                },
+                _ => None,
+            };
             let next_due_ms = next_due(conn, &sub_uid)?;
-            Ok(Completion { recorded: true, disabled_now, consecutive_failures: failures, next_due_ms })
+            let completion =
+                Completion { recorded: true, disabled_now, consecutive_failures: failures, next_due_ms };
+            Ok((completion, following))
         })
         .await
     }
@@ -1025,7 +1035,7 @@ fn next_due(conn: &Connection, uid: &str) -> rusqlite::Result<Option<i64>> {
 }
 
 /// The claim, fenced by liveness and, with several replicas, by the shard's lease epoch.
-fn claim(
+fn claim_due(
     conn: &Connection,
     uid: String,
     now_ms: i64,

@@ -63,6 +63,7 @@ pub async fn run(store: &dyn Store) {
     shard_epochs_fence_claims(store).await;
     claims_made_with_a_publish(store).await;
     stale_claims_complete_nothing(store).await;
+    completions_claim_the_next_delivery(store).await;
 }
 
 async fn publish_is_atomic_idempotent_and_fenced(store: &dyn Store) {
@@ -969,4 +970,134 @@ async fn stale_claims_complete_nothing(store: &dyn Store) {
     for uid in ["stale1", "stale2"] {
         store.remove_subscription(uid).await.unwrap();
     }
+}
+
+/// [`Store::complete_and_claim`]: after a delivery, the lane's next due delivery is claimed
+/// in the same round trip, by a claim's rules (due, live, not paused, under the fence); after
+/// a failure, or without `then_claim`, nothing is.
+async fn completions_claim_the_next_delivery(store: &dyn Store) {
+    let uid = "n1";
+    store
+        .upsert_subscription(SubscriptionRecord {
+            shard: 5,
+            ..sub(uid)
+        })
+        .await
+        .unwrap();
+    for (i, at) in [100, 100, 100, 900].into_iter().enumerate() {
+        store
+            .publish(event(&format!("evt-n{i}"), at), vec![uid.into()])
+            .await
+            .unwrap();
+    }
+    assert!(store.take_shard(5, "me", 1, 50).await.unwrap());
+    let fence = ShardFence { shard: 5, epoch: 1 };
+    let Claim::Claimed(first) = store.claim_fenced(uid, 200, fence).await.unwrap() else {
+        panic!("nothing claimed")
+    };
+    let delivered = |c: &Claimed| (c.claim_ref(), attempt(201, "Accepted", Some(204)));
+
+    // A delivery claims the next, under the same fence.
+    let (claim_ref, record) = delivered(&first);
+    let (done, second) = store
+        .complete_and_claim(claim_ref, record, Next::Delivered, Some(200))
+        .await
+        .unwrap();
+    assert!(done.recorded);
+    let second = second.expect("the next due delivery is claimed with the completion");
+    assert_eq!(
+        (second.event_id.as_str(), second.subscription_uid.as_str()),
+        ("evt-n1", uid)
+    );
+    assert_eq!((second.attempt, second.fence), (1, Some(fence)));
+    assert_eq!(second.body, br#"{"id":"evt-n1"}"#);
+
+    // A failure claims nothing, whatever is due.
+    let (done, none) = store
+        .complete_and_claim(
+            second.claim_ref(),
+            attempt(202, "Transient", Some(503)),
+            Next::Retry { due_ms: 5000 },
+            Some(200),
+        )
+        .await
+        .unwrap();
+    assert!(done.recorded && none.is_none());
+
+    // Without then_claim nothing is claimed; the completion says what is due.
+    let Claim::Claimed(third) = store.claim_fenced(uid, 200, fence).await.unwrap() else {
+        panic!("nothing claimed")
+    };
+    assert_eq!(third.event_id, "evt-n2");
+    let (claim_ref, record) = delivered(&third);
+    let (done, none) = store
+        .complete_and_claim(claim_ref, record, Next::Delivered, None)
+        .await
+        .unwrap();
+    assert!(none.is_none());
+    assert_eq!(done.next_due_ms, Some(900));
+
+    // Only what is due: the last one is due at 900.
+    let Claim::Claimed(fourth) = store.claim_fenced(uid, 900, fence).await.unwrap() else {
+        panic!("nothing claimed")
+    };
+    assert_eq!(fourth.event_id, "evt-n3");
+    store
+        .publish(event("evt-n4", 2000), vec![uid.into()])
+        .await
+        .unwrap();
+    let (claim_ref, record) = delivered(&fourth);
+    let (done, none) = store
+        .complete_and_claim(claim_ref, record, Next::Delivered, Some(1000))
+        .await
+        .unwrap();
+    assert!(done.recorded && none.is_none(), "evt-n4 is not due at 1000");
+
+    // Paused: nothing is claimed with a completion.
+    let Claim::Claimed(fifth) = store.claim_fenced(uid, 2000, fence).await.unwrap() else {
+        panic!("nothing claimed")
+    };
+    store
+        .publish(event("evt-n5", 2000), vec![uid.into()])
+        .await
+        .unwrap();
+    store
+        .upsert_subscription(SubscriptionRecord {
+            shard: 5,
+            paused: true,
+            ..sub(uid)
+        })
+        .await
+        .unwrap();
+    let (claim_ref, record) = delivered(&fifth);
+    let (done, none) = store
+        .complete_and_claim(claim_ref, record, Next::Delivered, Some(3000))
+        .await
+        .unwrap();
+    assert!(done.recorded && none.is_none(), "paused");
+    assert_eq!(done.next_due_ms, None, "paused: nothing is due");
+
+    // A newer epoch: the completion is stale and claims nothing.
+    store
+        .upsert_subscription(SubscriptionRecord {
+            shard: 5,
+            ..sub(uid)
+        })
+        .await
+        .unwrap();
+    let Claim::Claimed(sixth) = store.claim_fenced(uid, 3000, fence).await.unwrap() else {
+        panic!("nothing claimed")
+    };
+    store
+        .publish(event("evt-n6", 2000), vec![uid.into()])
+        .await
+        .unwrap();
+    assert!(store.take_shard(5, "other", 2, 3000).await.unwrap());
+    let (claim_ref, record) = delivered(&sixth);
+    let (done, none) = store
+        .complete_and_claim(claim_ref, record, Next::Delivered, Some(3000))
+        .await
+        .unwrap();
+    assert!(!done.recorded && none.is_none(), "stale");
+    store.remove_subscription(uid).await.unwrap();
 }

@@ -15,8 +15,8 @@ use crate::delivery::shards::Ownership;
 /// The SQLite store, with faults:
 /// - `down`: every operation fails, as when the disk is gone;
 /// - `failures`: `complete` fails that many times (a full disk);
-/// - `lapse_during_claim`: a fenced claim (alone or with its publish) ends the replica's hold
-///   of the shard while it is on its way (a pause, a late renewal);
+/// - `lapse_during_claim`: a fenced claim (alone, with its publish or with a completion)
+///   ends the replica's hold of the shard while it is on its way (a pause, a late renewal);
 /// - `free`: the free space it reports (u64::MAX: the real folder's).
 ///
 /// With `claim_with_publish` it claims with a publish as SQLite does (and counts those
@@ -30,6 +30,7 @@ pub struct FaultyStore {
     pub claim_with_publish: bool,
     pub claimed_with_publish: AtomicU32,
     pub claims_next: AtomicU32,
+    pub claimed_with_completion: AtomicU32,
     pub free: AtomicU64,
 }
 
@@ -46,6 +47,7 @@ impl FaultyStore {
             claim_with_publish: false,
             claimed_with_publish: AtomicU32::new(0),
             claims_next: AtomicU32::new(0),
+            claimed_with_completion: AtomicU32::new(0),
             free: AtomicU64::new(u64::MAX),
         }
     }
@@ -163,7 +165,13 @@ impl Store for FaultyStore {
         self.up()?;
         self.inner.take_shard(s, h, e, now).await
     }
-    async fn complete(&self, c: ClaimRef, a: AttemptRecord, n: Next) -> Result<Completion> {
+    async fn complete_and_claim(
+        &self,
+        c: ClaimRef,
+        a: AttemptRecord,
+        n: Next,
+        then_claim: Option<i64>,
+    ) -> Result<(Completion, Option<Claimed>)> {
         self.up()?;
         if self
             .failures
@@ -172,7 +180,14 @@ impl Store for FaultyStore {
         {
             return Err(Error::Unavailable("database or disk is full".into()));
         }
-        self.inner.complete(c, a, n).await
+        let (completion, claimed) = self.inner.complete_and_claim(c, a, n, then_claim).await?;
+        if claimed.is_some() {
+            self.claimed_with_completion.fetch_add(1, Ordering::AcqRel);
+            if let Some(fence) = c.fence {
+                self.lapse(fence);
+            }
+        }
+        Ok((completion, claimed))
     }
     async fn recover_in_flight(&self, now: i64) -> Result<u64> {
         self.up()?;

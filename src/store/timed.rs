@@ -78,13 +78,18 @@ impl<S: Store> Store for Timed<S> {
     fn new_work(&self) -> Option<NewWorkFeed> {
         self.0.new_work()
     }
-    async fn complete(
+    async fn complete_and_claim(
         &self,
         claim: ClaimRef,
         attempt: AttemptRecord,
         next: Next,
-    ) -> Result<Completion> {
-        timed("complete", self.0.complete(claim, attempt, next)).await
+        then_claim: Option<i64>,
+    ) -> Result<(Completion, Option<Claimed>)> {
+        timed(
+            "complete",
+            self.0.complete_and_claim(claim, attempt, next, then_claim),
+        )
+        .await
     }
     async fn recover_in_flight(&self, now_ms: i64) -> Result<u64> {
         timed("recover_in_flight", self.0.recover_in_flight(now_ms)).await

@@ -57,10 +57,10 @@ impl Engine {
 
     async fn attempt(self: Arc<Self>, slot: Slot, claiming: Claiming) {
         let _running = Running(&self);
-        let config = &slot.config;
+        let mut config = slot.config.clone();
 
         // Claim.
-        let (claimed, fence) = match claiming {
+        let (mut claimed, fence) = match claiming {
             Claiming::Next => match self.claim(&slot).await {
                 Some(claimed) => claimed,
                 None => return,
@@ -68,66 +68,105 @@ impl Engine {
             Claiming::WithPublish { claimed, fence } => (claimed, fence),
         };
 
-        // Fence: nothing is sent once stopping, or when the shard's hold ended while the
-        // claim was on its way (the process was paused, the renewal was late); the delivery
-        // is due again, for whoever holds the shard.
-        if !fence.holds() || self.stopping.load(Ordering::Acquire) {
-            self.unclaim(config, &claimed, &fence).await;
-            let mut inner = self.lock();
-            inner.scheduler.idle(&config.uid, slot.epoch);
-            inner.scheduler.release(&config.uid, &config.namespace);
-            drop(inner);
-            self.wakeup.notify_one();
-            return;
+        loop {
+            // Fence: nothing is sent once stopping, or when the shard's hold ended while the
+            // claim was on its way (the process was paused, the renewal was late); the
+            // delivery is due again, for whoever holds the shard.
+            if !fence.holds() || self.stopping.load(Ordering::Acquire) {
+                self.unclaim(&config, &claimed, &fence).await;
+                self.rest(&config, slot.epoch);
+                return;
+            }
+
+            // Send. One span per attempt: who and which event, never the secret or the
+            // payload.
+            let span = tracing::info_span!(
+                "attempt",
+                namespace = %config.namespace,
+                subscription = %config.name,
+                event_id = %claimed.event_id,
+                attempt = claimed.attempt,
+            );
+            let started_ms = now_ms();
+            let result = self.send(&config, &claimed).instrument(span.clone()).await;
+
+            // Decide.
+            let now = now_ms();
+            let (next, message) = decide(&config, &claimed, &result, now);
+            let record = AttemptRecord {
+                at_ms: now,
+                outcome: result.outcome.as_str().to_string(),
+                status_code: result.status,
+                latency_ms: result.latency.as_millis() as u64,
+                message: store::excerpt(message.as_bytes()),
+            };
+
+            // Record. After a delivery, the lane's next due delivery is claimed with the
+            // record when the lane may go on in this slot (no one waits for it).
+            let go_on = next == Next::Delivered && self.may_go_on(&config);
+            let (completion, following) = self
+                .record(&config, &claimed, &record, next, go_on)
+                .instrument(span.clone())
+                .await;
+            span.in_scope(|| {
+                tracing::debug!(
+                    outcome = result.outcome.as_str(),
+                    status = result.status,
+                    latency_ms = record.latency_ms,
+                    next = ?next,
+                    "attempt finished"
+                )
+            });
+            record_metrics(&config, &result, next, completion.as_ref().ok());
+
+            // Release, unless going on.
+            let latest = self.release(&config, slot.epoch, next, &completion, following.is_some());
+            self.tell(
+                &config, &claimed, started_ms, &result, next, record, completion,
+            );
+
+            let Some(following) = following else {
+                return;
+            };
+            match latest {
+                Some(latest) => {
+                    config = latest;
+                    claimed = following;
+                }
+                // Removed or held while the record was made: not sent.
+                None => {
+                    self.unclaim(&config, &following, &fence).await;
+                    self.rest(&config, slot.epoch);
+                    return;
+                }
+            }
         }
+    }
 
-        // Send. One span per attempt: who and which event, never the secret or the payload.
-        let span = tracing::info_span!(
-            "attempt",
-            namespace = %config.namespace,
-            subscription = %config.name,
-            event_id = %claimed.event_id,
-            attempt = claimed.attempt,
-        );
-        let started_ms = now_ms();
-        let result = self.send(config, &claimed).instrument(span.clone()).await;
+    /// Whether an attempt of `config`'s lane may go on to the lane's next delivery in its
+    /// slot ([`crate::delivery::scheduler::Scheduler::may_go_on`]).
+    fn may_go_on(&self, config: &SubscriptionConfig) -> bool {
+        !self.stopping.load(Ordering::Acquire) && self.lock().scheduler.may_go_on(&config.uid)
+    }
 
-        // Decide.
-        let now = now_ms();
-        let (next, message) = decide(config, &claimed, &result, now);
-        let record = AttemptRecord {
-            at_ms: now,
-            outcome: result.outcome.as_str().to_string(),
-            status_code: result.status,
-            latency_ms: result.latency.as_millis() as u64,
-            message: store::excerpt(message.as_bytes()),
-        };
-
-        // Record.
-        let completion = self
-            .record(config, &claimed, &record, next)
-            .instrument(span.clone())
-            .await;
-        span.in_scope(|| {
-            tracing::debug!(
-                outcome = result.outcome.as_str(),
-                status = result.status,
-                latency_ms = record.latency_ms,
-                next = ?next,
-                "attempt finished"
-            )
-        });
-        record_metrics(config, &result, next, completion.as_ref().ok());
-
-        // Release: the slot goes back. The completion said when the lane's next delivery is
-        // due: the lane claims again at once only if one is due now, and otherwise rests
-        // with a timer for it, unless something woke it since the slot was taken (a wake
-        // after that may be for work the completion did not see). Not recorded, it claims
-        // to find out.
+    /// Counts a recorded attempt (pending, retry timer) and, unless the attempt goes on
+    /// (`going_on`), gives its slot back. The completion said when the lane's next delivery
+    /// is due: the lane claims again at once only if one is due now, and otherwise rests
+    /// with a timer for it, unless something woke it since the slot was taken (a wake after
+    /// that may be for work the completion did not see). Not recorded, it claims to find
+    /// out. Returns the configuration the lane runs now, unless it is gone or held.
+    fn release(
+        &self,
+        config: &SubscriptionConfig,
+        epoch: u64,
+        next: Next,
+        completion: &store::Result<Completion>,
+        going_on: bool,
+    ) -> Option<Arc<SubscriptionConfig>> {
         let uid = &*config.uid;
         let mut inner = self.lock();
         inner.states.remove(uid);
-        let due_now = match &completion {
+        let due_now = match completion {
             Ok(done) if done.recorded => {
                 match next {
                     Next::Retry { due_ms } => inner.add_timer(uid, due_ms),
@@ -143,11 +182,11 @@ impl Engine {
                 }
             }
             Ok(_) => {
-                span.in_scope(|| {
-                    tracing::info!(
-                        "the attempt's outcome was not applied: its delivery was removed, or claimed again meanwhile (a shard take-over); it is kept in the history"
-                    )
-                });
+                tracing::info!(
+                    namespace = %config.namespace,
+                    subscription = %config.name,
+                    "the attempt's outcome was not applied: its delivery was removed, or claimed again meanwhile (a shard take-over); it is kept in the history"
+                );
                 true
             }
             Err(e) => {
@@ -155,18 +194,28 @@ impl Engine {
                 true
             }
         };
-        if due_now {
-            inner.scheduler.wake(uid);
-        } else {
-            inner.scheduler.idle(uid, slot.epoch);
+        let latest = inner.subs.get(uid).filter(|c| !c.held()).cloned();
+        if !going_on {
+            if due_now {
+                inner.scheduler.wake(uid);
+            } else {
+                inner.scheduler.idle(uid, epoch);
+            }
+            inner.scheduler.release(uid, &config.namespace);
+            drop(inner);
+            self.wakeup.notify_one();
         }
-        inner.scheduler.release(uid, &config.namespace);
+        latest
+    }
+
+    /// Gives the slot back after a claim that was not sent: the lane rests unless woken since
+    /// the slot was taken.
+    fn rest(&self, config: &SubscriptionConfig, epoch: u64) {
+        let mut inner = self.lock();
+        inner.scheduler.idle(&config.uid, epoch);
+        inner.scheduler.release(&config.uid, &config.namespace);
         drop(inner);
         self.wakeup.notify_one();
-
-        self.tell(
-            config, &claimed, started_ms, &result, next, record, completion,
-        );
     }
 
     /// Claims the lane's next due delivery under a fence taken now. None when there is
@@ -296,30 +345,36 @@ impl Engine {
         }
     }
 
-    /// Records the attempt and what follows it. Recording is not lost work: while the store
+    /// Records the attempt and what follows it, and with `go_on` claims the lane's next
+    /// due delivery in the same round trip. Recording is not lost work: while the store
     /// cannot commit (a full disk) the record is retried, holding the lane's slot, so the
     /// delivery never stays "in flight" until a restart (and is not sent again because of
-    /// it). Gives up only once stopping.
+    /// it). Gives up only once stopping. A retried record claims nothing: the first try
+    /// may have claimed a delivery whose answer was lost.
     async fn record(
         &self,
         config: &SubscriptionConfig,
         claimed: &Claimed,
         record: &AttemptRecord,
         next: Next,
-    ) -> store::Result<Completion> {
+        go_on: bool,
+    ) -> (store::Result<Completion>, Option<Claimed>) {
+        let mut then_claim = go_on.then(now_ms);
         let mut backoff = Duration::from_millis(100);
         loop {
             match self
                 .store
-                .complete(claimed.claim_ref(), record.clone(), next)
+                .complete_and_claim(claimed.claim_ref(), record.clone(), next, then_claim)
                 .await
             {
+                Ok((completion, following)) => return (Ok(completion), following),
                 Err(e) if !self.stopping.load(Ordering::Acquire) => {
                     tracing::error!(error = %e, namespace = %config.namespace, subscription = %config.name, event_id = %claimed.event_id, retry_in_ms = backoff.as_millis() as u64, "recording an attempt failed; retrying the record");
+                    then_claim = None;
                     tokio::time::sleep(backoff).await;
                     backoff = (backoff * 2).min(Duration::from_secs(5));
                 }
-                done => return done,
+                Err(e) => return (Err(e), None),
             }
         }
     }
