@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 use support::control_plane::ControlPlane;
-use support::herald::{secret, subscription};
+use support::herald::{producer, secret, subscription};
 use support::operator::Operator;
 use support::postgres::Postgres;
 use support::receiver::{Behaviour, Receiver};

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 use support::control_plane::ControlPlane;
-use support::herald::{secret, subscription};
+use support::herald::{producer, secret, subscription};
 use support::operator::Operator;
 use support::receiver::{Behaviour, Receiver};
 
@@ -17,21 +17,6 @@ const WATCH_NAME: &str = "?watch=true&timeoutSeconds=600";
 
 fn namespace(name: &str) -> Value {
     json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
-}
-
-/// A producer ServiceAccount that may publish in `namespace`.
-fn producer(namespace: &str) -> Vec<Value> {
-    vec![
-        json!({"apiVersion": "v1", "kind": "ServiceAccount",
-               "metadata": {"name": "producer", "namespace": namespace}}),
-        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
-               "metadata": {"name": "producer", "namespace": namespace},
-               "rules": [{"apiGroups": ["herald.dev"], "resources": ["webhookevents"], "verbs": ["create"]}]}),
-        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
-               "metadata": {"name": "producer", "namespace": namespace},
-               "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "producer"},
-               "subjects": [{"kind": "ServiceAccount", "name": "producer", "namespace": namespace}]}),
-    ]
 }
 
 /// (status, reason) of a subscription's Ready condition; empty strings when absent.

@@ -275,18 +275,22 @@ impl Scheduler {
     }
 
     /// Whether the lane's attempt, done with one delivery, may go on to the lane's next in
-    /// the same slot rather than give the slot back and queue for another: only while no
-    /// other lane of its namespace waits for a slot, no namespace waits for the shared
-    /// pool, and its namespace is within its quota (which may have been lowered), so a lane
-    /// keeps no slot another would have had.
+    /// the same slot rather than give the slot back and queue for another: only while its
+    /// namespace is within its quota (which may have been lowered), no namespace waits for
+    /// the shared pool, and every other lane its namespace has queued could start beside it
+    /// (under the quota, and under the floor or with a pool slot free), so that a lane keeps
+    /// no slot another would have had.
     pub fn may_go_on(&self, uid: &str) -> bool {
         let Some(lane) = self.lanes.get(uid) else {
             return false;
         };
-        self.pool_waiters.is_empty()
-            && self.namespaces.get(&lane.namespace).is_some_and(|ns| {
-                ns.in_flight <= ns.limit && ns.ready.iter().all(|queued| **queued == *uid)
-            })
+        let Some(ns) = self.namespaces.get(&lane.namespace) else {
+            return false;
+        };
+        let others_wait = ns.ready.iter().any(|queued| **queued != *uid);
+        let room = ns.in_flight < ns.limit
+            && (ns.in_flight < self.reserved || self.pool_in_flight < self.pool_limit);
+        ns.in_flight <= ns.limit && self.pool_waiters.is_empty() && (!others_wait || room)
     }
 
     /// An attempt of the lane finished (or found nothing to do): give its slot back.
@@ -371,8 +375,9 @@ mod tests {
         assert!(s.may_go_on("a"), "nobody waits");
         assert!(!s.may_go_on("gone"));
 
-        // The namespace's quota (2) leaves room for b: b starts, and a may still go on.
+        // b is queued with room to start beside a: a may go on.
         s.wake("b");
+        assert!(s.may_go_on("a"), "b can start anyway");
         assert_eq!(s.start_next().as_deref(), Some("b"));
         assert!(s.may_go_on("a"));
         // e becomes due while the namespace is at its quota: e waits, so a gives way.

@@ -44,6 +44,15 @@ async fn claim(store: &dyn Store, uid: &str, now: i64) -> Claimed {
     }
 }
 
+async fn claim_fenced(store: &dyn Store, uid: &str, now: i64, fence: ShardFence) -> Claimed {
+    match store.claim_fenced(uid, now, fence).await.unwrap() {
+        Claim::Claimed(c) => c,
+        Claim::Idle { next_due_ms } => {
+            panic!("nothing to claim for {uid} under {fence:?} (next due {next_due_ms:?})")
+        }
+    }
+}
+
 async fn idle(store: &dyn Store, uid: &str, now: i64) -> Option<i64> {
     match store.claim_next(uid, now).await.unwrap() {
         Claim::Idle { next_due_ms } => next_due_ms,
@@ -992,9 +1001,7 @@ async fn completions_claim_the_next_delivery(store: &dyn Store) {
     }
     assert!(store.take_shard(5, "me", 1, 50).await.unwrap());
     let fence = ShardFence { shard: 5, epoch: 1 };
-    let Claim::Claimed(first) = store.claim_fenced(uid, 200, fence).await.unwrap() else {
-        panic!("nothing claimed")
-    };
+    let first = claim_fenced(store, uid, 200, fence).await;
     let delivered = |c: &Claimed| (c.claim_ref(), attempt(201, "Accepted", Some(204)));
 
     // A delivery claims the next, under the same fence.
@@ -1025,9 +1032,7 @@ async fn completions_claim_the_next_delivery(store: &dyn Store) {
     assert!(done.recorded && none.is_none());
 
     // Without then_claim nothing is claimed; the completion says what is due.
-    let Claim::Claimed(third) = store.claim_fenced(uid, 200, fence).await.unwrap() else {
-        panic!("nothing claimed")
-    };
+    let third = claim_fenced(store, uid, 200, fence).await;
     assert_eq!(third.event_id, "evt-n2");
     let (claim_ref, record) = delivered(&third);
     let (done, none) = store
@@ -1038,9 +1043,7 @@ async fn completions_claim_the_next_delivery(store: &dyn Store) {
     assert_eq!(done.next_due_ms, Some(900));
 
     // Only what is due: the last one is due at 900.
-    let Claim::Claimed(fourth) = store.claim_fenced(uid, 900, fence).await.unwrap() else {
-        panic!("nothing claimed")
-    };
+    let fourth = claim_fenced(store, uid, 900, fence).await;
     assert_eq!(fourth.event_id, "evt-n3");
     store
         .publish(event("evt-n4", 2000), vec![uid.into()])
@@ -1054,9 +1057,7 @@ async fn completions_claim_the_next_delivery(store: &dyn Store) {
     assert!(done.recorded && none.is_none(), "evt-n4 is not due at 1000");
 
     // Paused: nothing is claimed with a completion.
-    let Claim::Claimed(fifth) = store.claim_fenced(uid, 2000, fence).await.unwrap() else {
-        panic!("nothing claimed")
-    };
+    let fifth = claim_fenced(store, uid, 2000, fence).await;
     store
         .publish(event("evt-n5", 2000), vec![uid.into()])
         .await
@@ -1085,9 +1086,7 @@ async fn completions_claim_the_next_delivery(store: &dyn Store) {
         })
         .await
         .unwrap();
-    let Claim::Claimed(sixth) = store.claim_fenced(uid, 3000, fence).await.unwrap() else {
-        panic!("nothing claimed")
-    };
+    let sixth = claim_fenced(store, uid, 3000, fence).await;
     store
         .publish(event("evt-n6", 2000), vec![uid.into()])
         .await

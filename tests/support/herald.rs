@@ -50,6 +50,21 @@ pub fn subscription(
     })
 }
 
+/// A producer ServiceAccount that may publish in `namespace`.
+pub fn producer(namespace: &str) -> Vec<Value> {
+    vec![
+        json!({"apiVersion": "v1", "kind": "ServiceAccount",
+               "metadata": {"name": "producer", "namespace": namespace}}),
+        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+               "metadata": {"name": "producer", "namespace": namespace},
+               "rules": [{"apiGroups": ["herald.dev"], "resources": ["webhookevents"], "verbs": ["create"]}]}),
+        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+               "metadata": {"name": "producer", "namespace": namespace},
+               "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "producer"},
+               "subjects": [{"kind": "ServiceAccount", "name": "producer", "namespace": namespace}]}),
+    ]
+}
+
 /// The secret every test subscription signs with, in a namespace.
 pub fn secret(namespace: &str) -> Value {
     json!({

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use serde_json::{Value, json};
 
 use super::control_plane::ControlPlane;
-use super::herald::{secret, subscription};
+use super::herald::{producer, secret, subscription};
 use super::operator::Operator;
 use super::postgres::Postgres;
 use super::receiver::Receiver;
@@ -20,21 +20,6 @@ pub const LEASE_SECONDS: &str = "6";
 
 pub fn namespace(name: &str) -> Value {
     json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
-}
-
-/// A producer ServiceAccount that may publish in `namespace`.
-pub fn producer(namespace: &str) -> Vec<Value> {
-    vec![
-        json!({"apiVersion": "v1", "kind": "ServiceAccount",
-               "metadata": {"name": "producer", "namespace": namespace}}),
-        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
-               "metadata": {"name": "producer", "namespace": namespace},
-               "rules": [{"apiGroups": ["herald.dev"], "resources": ["webhookevents"], "verbs": ["create"]}]}),
-        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
-               "metadata": {"name": "producer", "namespace": namespace},
-               "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "producer"},
-               "subjects": [{"kind": "ServiceAccount", "name": "producer", "namespace": namespace}]}),
-    ]
 }
 
 /// `herald run` flags of one replica sharing `pg`.

@@ -102,8 +102,10 @@ impl Engine {
             };
 
             // Record. After a delivery, the lane's next due delivery is claimed with the
-            // record when the lane may go on in this slot (no one waits for it).
-            let go_on = next == Next::Delivered && self.may_go_on(&config);
+            // record when the lane may go on in this slot (no one waits for it). A wake
+            // before the record (a publish, a timer, a replay) is for work committed before
+            // it, which the record's answer covers.
+            let (go_on, epoch) = self.before_record(&config, next);
             let (completion, following) = self
                 .record(&config, &claimed, &record, next, go_on)
                 .instrument(span.clone())
@@ -120,7 +122,7 @@ impl Engine {
             record_metrics(&config, &result, next, completion.as_ref().ok());
 
             // Release, unless going on.
-            let latest = self.release(&config, slot.epoch, next, &completion, following.is_some());
+            let latest = self.release(&config, epoch, next, &completion, following.is_some());
             self.tell(
                 &config, &claimed, started_ms, &result, next, record, completion,
             );
@@ -143,18 +145,24 @@ impl Engine {
         }
     }
 
-    /// Whether an attempt of `config`'s lane may go on to the lane's next delivery in its
-    /// slot ([`crate::delivery::scheduler::Scheduler::may_go_on`]).
-    fn may_go_on(&self, config: &SubscriptionConfig) -> bool {
-        !self.stopping.load(Ordering::Acquire) && self.lock().scheduler.may_go_on(&config.uid)
+    /// Before an attempt's record: whether it may go on to the lane's next delivery in its
+    /// slot (after a delivery, [`crate::delivery::scheduler::Scheduler::may_go_on`]), and
+    /// the lane's wake count, as of which the record's answer rests the lane.
+    fn before_record(&self, config: &SubscriptionConfig, next: Next) -> (bool, u64) {
+        let inner = self.lock();
+        let go_on = next == Next::Delivered
+            && !self.stopping.load(Ordering::Acquire)
+            && inner.scheduler.may_go_on(&config.uid);
+        (go_on, inner.scheduler.epoch(&config.uid))
     }
 
     /// Counts a recorded attempt (pending, retry timer) and, unless the attempt goes on
     /// (`going_on`), gives its slot back. The completion said when the lane's next delivery
     /// is due: the lane claims again at once only if one is due now, and otherwise rests
-    /// with a timer for it, unless something woke it since the slot was taken (a wake after
-    /// that may be for work the completion did not see). Not recorded, it claims to find
-    /// out. Returns the configuration the lane runs now, unless it is gone or held.
+    /// with a timer for it, unless something woke it after wake count `epoch`, taken before
+    /// the record (that wake may be for work the completion did not see). Not recorded, it
+    /// claims to find out. Returns the configuration the lane runs now, unless it is gone
+    /// or held.
     fn release(
         &self,
         config: &SubscriptionConfig,
@@ -225,9 +233,9 @@ impl Engine {
     async fn claim(&self, slot: &Slot) -> Option<(Claimed, Fence)> {
         let config = &slot.config;
         let uid = &*config.uid;
-        let rest = |next_due_ms: Option<i64>| {
+        let rest = |epoch: u64, next_due_ms: Option<i64>| {
             let mut inner = self.lock();
-            inner.scheduler.idle(uid, slot.epoch);
+            inner.scheduler.idle(uid, epoch);
             inner.scheduler.release(uid, &config.namespace);
             if let Some(at) = next_due_ms {
                 inner.add_timer(uid, at);
@@ -250,10 +258,12 @@ impl Engine {
                     shard,
                     "due work in a shard this replica does not hold: not started"
                 );
-                rest(None);
+                rest(slot.epoch, None);
                 return None;
             }
         };
+        // A wake before the claim is for work committed before it, which its answer covers.
+        let epoch = self.lock().scheduler.epoch(uid);
         let claim = match fence.token() {
             None => self.store.claim_next(uid, now_ms()).await,
             Some(token) => self.store.claim_fenced(uid, now_ms(), token).await,
@@ -261,7 +271,7 @@ impl Engine {
         match claim {
             Ok(Claim::Claimed(claimed)) => Some((claimed, fence)),
             Ok(Claim::Idle { next_due_ms }) => {
-                rest(next_due_ms);
+                rest(epoch, next_due_ms);
                 None
             }
             Err(e) => {
