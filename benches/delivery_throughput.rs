@@ -14,6 +14,10 @@
 //!   this harness, and herald's rate against it;
 //! - latency at idle: one event at a time, from the start of the publish request to its
 //!   arrival at the receiver (p50, p99), against one bare POST round trip;
+//! - latency spaced 20 ms apart (the disk rests between events, as between a quiet
+//!   producer's): on a quiet herald, and within a second after a burst; the reference is
+//!   an fdatasync on the store's disk spaced alike, in the same run. Targets p50 ≤ 1.5 ms,
+//!   p99 ≤ 5 ms;
 //! - latency at half load: events published at a steady rate of half the end-to-end rate
 //!   just measured (open loop: each publish starts at its time whatever the others do),
 //!   publish → arrival p50 and p99, against the latency at idle.
@@ -155,6 +159,77 @@ async fn latency_at_idle(
         through.push(at - started);
     }
     (through, bare)
+}
+
+/// How long the spaced measures rest between events: long enough for the disk to rest
+/// (an fsync after 3 ms of rest costs two to three times one right after another).
+const SPACING: Duration = Duration::from_millis(20);
+
+/// Publish → arrival, one event at a time with [`SPACING`] between them, as a quiet producer
+/// publishes. With `burst`: in rounds, each `burst` events published 32 at a time and
+/// delivered, then spaced events for the next second. `offset` keeps the ids apart from
+/// other phases'.
+async fn latency_spaced(
+    base: &str,
+    receiver: &Receiver,
+    samples: usize,
+    burst: Option<usize>,
+    offset: usize,
+) -> Vec<Duration> {
+    let client = reqwest::Client::new();
+    let url = format!("{base}/v1/namespaces/{NS}/events");
+    let per_round = (Duration::from_secs(1).as_millis() / SPACING.as_millis()) as usize;
+    let mut through = Vec::with_capacity(samples);
+    let mut next_id = offset;
+    while through.len() < samples {
+        if let Some(burst) = burst {
+            let before = receiver.count();
+            publish_all(base, burst, next_id).await;
+            next_id += burst;
+            last_arrival(receiver, "the burst", before + burst).await;
+        } else {
+            tokio::time::sleep(SPACING).await;
+        }
+        let round = if burst.is_some() { per_round } else { samples };
+        for _ in 0..round.min(samples - through.len()) {
+            tokio::time::sleep(SPACING).await;
+            let before = receiver.count();
+            let started = Instant::now();
+            publish(&client, &url, format!("evt-{next_id}"), next_id).await;
+            next_id += 1;
+            let at = receiver
+                .wait_for("the event", Duration::from_secs(10), |hits| {
+                    hits.get(before).map(|h| h.at)
+                })
+                .await;
+            through.push(at - started);
+        }
+    }
+    through
+}
+
+/// The floor of a durable publish on this disk: writing 512 bytes to a file in `dir` (the
+/// store's folder) and `fdatasync`, with [`SPACING`] between them, as the spaced measures
+/// rest.
+async fn fsync_spaced(dir: &std::path::Path, samples: usize) -> Vec<Duration> {
+    use std::io::Write;
+    let path = dir.join("fsync-probe");
+    let mut file = std::fs::File::create(&path).unwrap();
+    let mut took = Vec::with_capacity(samples);
+    for _ in 0..samples {
+        tokio::time::sleep(SPACING).await;
+        let started = Instant::now();
+        file = tokio::task::spawn_blocking(move || {
+            file.write_all(&[7u8; 512]).unwrap();
+            file.sync_data().unwrap();
+            file
+        })
+        .await
+        .unwrap();
+        took.push(started.elapsed());
+    }
+    let _ = std::fs::remove_file(path);
+    took
 }
 
 /// Publishes `count` events at `rate` per second, each at its own time (open loop), and
@@ -377,6 +452,22 @@ fn main() {
         let (p50, p99) = (percentile(&mut idle, 0.50), percentile(&mut idle, 0.99));
         let (r50, r99) = (percentile(&mut bare_rtt, 0.50), percentile(&mut bare_rtt, 0.99));
 
+        // Spaced: a quiet herald, and within a second after a burst; the floor is one
+        // fsync after the disk has rested, measured on the same disk in the same run.
+        let burst = report.mode.pick(1_000, 5_000);
+        report.param("spaced_ms", SPACING.as_millis() as f64);
+        report.param("spaced_burst", burst);
+        let mut quiet = latency_spaced(&herald.base, &receiver, samples, None, 10_000_000).await;
+        let mut after_burst =
+            latency_spaced(&herald.base, &receiver, samples, Some(burst), 20_000_000).await;
+        let mut fsync = fsync_spaced(&herald.dir, samples).await;
+        let (q50, q99) = (percentile(&mut quiet, 0.50), percentile(&mut quiet, 0.99));
+        let (b50, b99) = (
+            percentile(&mut after_burst, 0.50),
+            percentile(&mut after_burst, 0.99),
+        );
+        let (s50, s99) = (percentile(&mut fsync, 0.50), percentile(&mut fsync, 0.99));
+
         let paced_rate = end_to_end / 2.0;
         let count = (paced_rate * paced_seconds).ceil() as usize;
         report.param("paced_rate_per_s", paced_rate);
@@ -436,6 +527,26 @@ fn main() {
         report
             .add("latency.idle_forwarder.p99", &format!("latency at idle through the store-less forwarder p99 ({} events one at a time)", thousands(samples)), ms(f99), "ms")
             .reference("bare POST round trip p99", ms(r99));
+        let spaced = SPACING.as_millis();
+        let fsync_name = |q: &str| {
+            format!("fdatasync of 512 bytes on the store's disk, {spaced} ms apart, {q}, same run")
+        };
+        report
+            .add("latency.spaced_quiet.p50", &format!("latency spaced {spaced} ms apart on a quiet herald, publish → arrival p50 ({} events)", thousands(samples)), ms(q50), "ms")
+            .reference(&fsync_name("p50"), ms(s50))
+            .target(Target::AtMost(1.5));
+        report
+            .add("latency.spaced_quiet.p99", &format!("latency spaced {spaced} ms apart on a quiet herald, publish → arrival p99 ({} events)", thousands(samples)), ms(q99), "ms")
+            .reference(&fsync_name("p99"), ms(s99))
+            .target(Target::AtMost(5.0));
+        report
+            .add("latency.spaced_after_burst.p50", &format!("latency spaced {spaced} ms apart within a second after a burst of {} events, publish → arrival p50 ({} events)", thousands(burst), thousands(samples)), ms(b50), "ms")
+            .reference(&fsync_name("p50"), ms(s50))
+            .target(Target::AtMost(1.5));
+        report
+            .add("latency.spaced_after_burst.p99", &format!("latency spaced {spaced} ms apart within a second after a burst of {} events, publish → arrival p99 ({} events)", thousands(burst), thousands(samples)), ms(b99), "ms")
+            .reference(&fsync_name("p99"), ms(s99))
+            .target(Target::AtMost(5.0));
         let paced_label = format!(
             "publish → arrival at half the end-to-end rate ({} events at {paced_rate:.0}/s; {} answered 429 publish_busy and were sent again after Retry-After)",
             thousands(count),
