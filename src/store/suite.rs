@@ -1002,14 +1002,21 @@ async fn completions_claim_the_next_delivery(store: &dyn Store) {
     assert!(store.take_shard(5, "me", 1, 50).await.unwrap());
     let fence = ShardFence { shard: 5, epoch: 1 };
     let first = claim_fenced(store, uid, 200, fence).await;
-    let delivered = |c: &Claimed| (c.claim_ref(), attempt(201, "Accepted", Some(204)));
+    // Records `c` as delivered, with `then_claim`.
+    let deliver = async |c: &Claimed, then_claim: Option<i64>| {
+        store
+            .complete_and_claim(
+                c.claim_ref(),
+                attempt(201, "Accepted", Some(204)),
+                Next::Delivered,
+                then_claim,
+            )
+            .await
+            .unwrap()
+    };
 
     // A delivery claims the next, under the same fence.
-    let (claim_ref, record) = delivered(&first);
-    let (done, second) = store
-        .complete_and_claim(claim_ref, record, Next::Delivered, Some(200))
-        .await
-        .unwrap();
+    let (done, second) = deliver(&first, Some(200)).await;
     assert!(done.recorded);
     let second = second.expect("the next due delivery is claimed with the completion");
     assert_eq!(
@@ -1034,11 +1041,7 @@ async fn completions_claim_the_next_delivery(store: &dyn Store) {
     // Without then_claim nothing is claimed; the completion says what is due.
     let third = claim_fenced(store, uid, 200, fence).await;
     assert_eq!(third.event_id, "evt-n2");
-    let (claim_ref, record) = delivered(&third);
-    let (done, none) = store
-        .complete_and_claim(claim_ref, record, Next::Delivered, None)
-        .await
-        .unwrap();
+    let (done, none) = deliver(&third, None).await;
     assert!(none.is_none());
     assert_eq!(done.next_due_ms, Some(900));
 
@@ -1049,11 +1052,7 @@ async fn completions_claim_the_next_delivery(store: &dyn Store) {
         .publish(event("evt-n4", 2000), vec![uid.into()])
         .await
         .unwrap();
-    let (claim_ref, record) = delivered(&fourth);
-    let (done, none) = store
-        .complete_and_claim(claim_ref, record, Next::Delivered, Some(1000))
-        .await
-        .unwrap();
+    let (done, none) = deliver(&fourth, Some(1000)).await;
     assert!(done.recorded && none.is_none(), "evt-n4 is not due at 1000");
 
     // Paused: nothing is claimed with a completion.
@@ -1070,11 +1069,7 @@ async fn completions_claim_the_next_delivery(store: &dyn Store) {
         })
         .await
         .unwrap();
-    let (claim_ref, record) = delivered(&fifth);
-    let (done, none) = store
-        .complete_and_claim(claim_ref, record, Next::Delivered, Some(3000))
-        .await
-        .unwrap();
+    let (done, none) = deliver(&fifth, Some(3000)).await;
     assert!(done.recorded && none.is_none(), "paused");
     assert_eq!(done.next_due_ms, None, "paused: nothing is due");
 
@@ -1092,11 +1087,7 @@ async fn completions_claim_the_next_delivery(store: &dyn Store) {
         .await
         .unwrap();
     assert!(store.take_shard(5, "other", 2, 3000).await.unwrap());
-    let (claim_ref, record) = delivered(&sixth);
-    let (done, none) = store
-        .complete_and_claim(claim_ref, record, Next::Delivered, Some(3000))
-        .await
-        .unwrap();
+    let (done, none) = deliver(&sixth, Some(3000)).await;
     assert!(!done.recorded && none.is_none(), "stale");
     store.remove_subscription(uid).await.unwrap();
 }
