@@ -2,8 +2,12 @@
 //! begins in one of two ways, which meet once the delivery is claimed: dispatched by the
 //! scheduler, it claims its lane's next due delivery itself; started with a publish (an
 //! idle lane under its namespace's floor, see [`Scheduler::start_idle`]), the publish's
-//! transaction made the claim.
+//! transaction made the claim. After a delivery, while nobody waits for its slot
+//! ([`Scheduler::may_go_on`]), the record also claims the lane's next due delivery and the
+//! attempt goes round again with it, so a lane with a backlog needs one store call per
+//! delivery.
 //!
+//! [`Scheduler::may_go_on`]: crate::delivery::scheduler::Scheduler::may_go_on
 //! [`Scheduler::start_idle`]: crate::delivery::scheduler::Scheduler::start_idle
 
 use std::sync::Arc;
@@ -24,8 +28,8 @@ use crate::store::{self, AttemptRecord, Claim, Claimed, Completion, Next};
 /// A slot of a lane, taken from the scheduler, that one attempt runs in.
 pub(super) struct Slot {
     pub config: Arc<SubscriptionConfig>,
-    /// The lane's wake count when the slot was taken: a lane that finds nothing due, by its
-    /// claim or by its completion, rests only while no wake came after it.
+    /// The lane's wake count when the slot was taken: a lane whose shard is not held here,
+    /// or whose claim is given back unsent, rests only while no wake came after it.
     pub epoch: u64,
 }
 
