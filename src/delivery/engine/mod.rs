@@ -1,19 +1,19 @@
 //! The engine: keeps the live subscriptions, asks the lane scheduler what may start, runs
 //! each attempt as its own task, and wakes lanes when events arrive or retries fall due.
 //! Pending work stays in the store; memory holds one small entry per subscription and one
-//! per attempt on the wire. One lock ([`Inner`]) guards what the rooms below share:
+//! per attempt on the wire. One lock (`Inner`) guards what the rooms below share:
 //!
-//! - [`registry`]: the subscriptions the engine runs, their lanes, and what changes them
+//! - `registry`: the subscriptions the engine runs, their lanes, and what changes them
 //!   (upsert, remove, quotas, replay, re-enable, recovery after a restart);
-//! - [`publish`]: admission of a publish (fair entry, quotas and the reservation held until
+//! - `publish`: admission of a publish (fair entry, quotas and the reservation held until
 //!   the store answers), and idle lanes started with it;
-//! - [`dispatch`]: the dispatcher (what the scheduler lets start, retry timers) and the
+//! - `dispatch`: the dispatcher (what the scheduler lets start, retry timers) and the
 //!   graceful drain;
-//! - [`attempt`]: one path for every attempt: claim, fence, send, decide, record, release;
-//! - [`fence`]: the token an attempt carries from its claim to its record when replicas
+//! - `attempt`: one path for every attempt: claim, fence, send, decide, record, release;
+//! - `fence`: the token an attempt carries from its claim to its record when replicas
 //!   share the store;
-//! - [`replicas`]: holding shards, following other replicas' new work, recounting;
-//! - [`reads`]: reads through the API, bounded per namespace.
+//! - `replicas`: holding shards, following other replicas' new work, recounting;
+//! - `reads`: reads through the API, bounded per namespace.
 
 mod attempt;
 mod dispatch;
