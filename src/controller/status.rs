@@ -5,7 +5,7 @@
 //! subscription costs at most one status write per interval, plus one per reconcile whose
 //! outcome changes the status.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -62,6 +62,23 @@ struct Book {
     entries: HashMap<Arc<str>, Box<Entry>>,
     /// One copy of each namespace name the entries hold, and how many hold it.
     namespaces: HashMap<Arc<str>, u32>,
+    /// Subscriptions whose status is being written. One write per subscription at a time:
+    /// a reconcile's write and the flush loop's could otherwise both compute a status and
+    /// land in either order, the older view last (a subscription paused just then kept
+    /// showing Ready after its Paused status was written).
+    writing: HashSet<Arc<str>>,
+}
+
+/// A subscription's status write in progress, until dropped.
+struct Writing<'a> {
+    writer: &'a StatusWriter,
+    uid: Arc<str>,
+}
+
+impl Drop for Writing<'_> {
+    fn drop(&mut self) {
+        self.writer.book().writing.remove(&self.uid);
+    }
 }
 
 impl Book {
@@ -239,9 +256,14 @@ impl StatusWriter {
     /// Computes the subscription's status from what is known now and writes it if it
     /// changed; then records the Events the change deserves.
     pub async fn write(&self, uid: &str) -> Result<(), kube::Error> {
-        let Some(entry) = self.entry(uid).filter(|e| e.reconciled.is_some()) else {
-            return Ok(());
+        let reconciled = |book: &Book| {
+            book.entries
+                .get(uid)
+                .is_some_and(|e| e.reconciled.is_some())
         };
+        if !reconciled(&self.book()) {
+            return Ok(());
+        }
         // With several replicas, only the one delivering for the shard writes its status;
         // the others keep it dirty, to write should the shard become theirs.
         let shard = self.engine.shard_of(uid);
@@ -251,6 +273,33 @@ impl StatusWriter {
             }
             return Ok(());
         }
+        // One write at a time: a write already on its way leaves this one to the flush
+        // loop, which computes the status again from what is known then.
+        let _writing = {
+            let mut book = self.book();
+            let Some(key) = book.entries.get_key_value(uid).map(|(k, _)| k.clone()) else {
+                return Ok(());
+            };
+            if !reconciled(&book) {
+                return Ok(());
+            }
+            if !book.writing.insert(key.clone()) {
+                if let Some(e) = book.entries.get_mut(uid) {
+                    e.dirty = true;
+                    e.urgent = true;
+                }
+                return Ok(());
+            }
+            Writing {
+                writer: self,
+                uid: key,
+            }
+        };
+        // What is known now, read once this write holds its turn: a view taken before could
+        // be older than what a write that just finished wrote.
+        let Some(entry) = self.entry(uid) else {
+            return Ok(());
+        };
         // Clear the flag before reading the store, so activity meanwhile marks it again.
         if let Some(e) = self.book().entries.get_mut(uid) {
             e.dirty = false;
