@@ -80,6 +80,7 @@ EXPECTED = {
         ),
         "scale_out.ceiling_per_server_core",
         "scale_out.drain_postgres",
+        "scale_out.drain_postgres.unpause",
     ],
 }
 BENCHES = list(EXPECTED)

@@ -44,29 +44,47 @@ const SHARED_LOCK_TIMEOUT: &str = "SET LOCAL lock_timeout = '250ms'";
 /// A NOTIFY payload must stay under 8,000 bytes.
 const PAYLOAD_BYTES: usize = 7000;
 
-/// One publish: the live targets (held FOR KEY SHARE, so that a removal waits for this commit
-/// and then purges what it created), the event (nothing if the id exists: ON CONFLICT
-/// waits for a concurrent publish of the same id to finish), and a pending delivery per
-/// live target. An event that matches nothing keeps its id (a repeat stays idempotent) but
-/// not its body: nothing will ever send it.
+/// A batch of publishes in one statement: per publish (`n`, its place in the batch) the live
+/// targets (held FOR KEY SHARE, in one order for every batch, so that a removal waits for
+/// this commit and then purges what it created), the event (nothing if the id exists: ON
+/// CONFLICT waits for a concurrent publish of the same id to finish), and a pending
+/// delivery per live target, made in the batch's order so that a lane's deliveries keep
+/// their publishes' order. An event that matches nothing keeps its id (a repeat stays
+/// idempotent) but not its body: nothing will ever send it. One row per publish written;
+/// none for an id that existed. A batch never holds the same id twice (see [`write`]).
 const PUBLISH: &str = "
-    WITH live AS MATERIALIZED (
-        SELECT uid FROM subscriptions
-        WHERE uid = ANY($6) AND live AND namespace = $1
-        FOR KEY SHARE
+    WITH input AS (
+        SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::bytea[], $5::bigint[])
+            WITH ORDINALITY AS i(namespace, event_id, event_type, body, published_ms, n)
+    ), live AS MATERIALIZED (
+        SELECT t.n, s.uid
+        FROM unnest($6::bigint[], $7::text[]) AS t(n, uid)
+        JOIN input i ON i.n = t.n
+        JOIN subscriptions s ON s.uid = t.uid AND s.live AND s.namespace = i.namespace
+        ORDER BY s.uid
+        FOR KEY SHARE OF s
     ), ev AS (
         INSERT INTO events (namespace, event_id, event_type, body, published_ms, matched)
-        SELECT $1, $2, $3, CASE WHEN count(*) = 0 THEN ''::bytea ELSE $4 END, $5, count(*)
-        FROM live
+        SELECT i.namespace, i.event_id, i.event_type,
+               CASE WHEN m.c = 0 THEN ''::bytea ELSE i.body END, i.published_ms, m.c
+        FROM input i, LATERAL (SELECT count(*) AS c FROM live WHERE live.n = i.n) m
+        ORDER BY i.n
         ON CONFLICT (namespace, event_id) DO NOTHING
-        RETURNING id
+        RETURNING id, namespace, event_id
+    ), written AS (
+        SELECT i.n, ev.id, i.published_ms
+        FROM ev JOIN input i ON i.namespace = ev.namespace AND i.event_id = ev.event_id
     ), made AS (
         INSERT INTO deliveries (event, sub_uid, state, due_ms, window_start_ms)
-        SELECT ev.id, live.uid, 0, $5, $5 FROM ev, live
-        RETURNING sub_uid
+        SELECT w.id, live.uid, 0, w.published_ms, w.published_ms
+        FROM written w JOIN live ON live.n = w.n
+        ORDER BY w.n, live.uid
+        RETURNING event, sub_uid
     )
-    SELECT EXISTS (SELECT 1 FROM ev), coalesce(array_agg(sub_uid), ARRAY[]::text[])
-    FROM made";
+    SELECT w.n, coalesce(array_agg(m.sub_uid) FILTER (WHERE m.sub_uid IS NOT NULL),
+                         ARRAY[]::text[])
+    FROM written w LEFT JOIN made m ON m.event = w.id
+    GROUP BY w.n";
 
 struct Queued {
     event: NewEvent,
@@ -263,37 +281,86 @@ fn timed_out() -> Error {
     ))
 }
 
-/// One transaction for `items` with one NOTIFY (see [`Notices::payloads`]): per item its
-/// result, or `None` where the event id existed (nothing was written for it). `shared`: a
-/// committer's transaction, which waits for no row lock longer than [`SHARED_LOCK_TIMEOUT`]
-/// says.
+/// One transaction for `items` (one statement, see [`PUBLISH`]) with one NOTIFY (see
+/// [`Notices::payloads`]): per item its result, or `None` where the event id existed
+/// (nothing was written for it) or came earlier in `items` (the caller writes it again on
+/// its own, which answers it as a repeat). `shared`: a committer's transaction, which
+/// waits for no row lock longer than [`SHARED_LOCK_TIMEOUT`] says.
 async fn write(
     pool: &PgPool,
     items: &[&Queued],
     shared: bool,
 ) -> std::result::Result<Vec<Option<PublishResult>>, sqlx_core::Error> {
+    // One statement cannot both insert an id and see that insert conflict: a repeat
+    // within the batch is left out of it.
+    let mut seen = std::collections::HashSet::new();
+    let first: Vec<bool> = items
+        .iter()
+        .map(|i| seen.insert((i.event.namespace.as_str(), i.event.event_id.as_str())))
+        .collect();
+    let batch: Vec<&Queued> = items
+        .iter()
+        .zip(&first)
+        .filter(|(_, first)| **first)
+        .map(|(i, _)| *i)
+        .collect();
+    let (mut target_of, mut target_uid) = (Vec::new(), Vec::new());
+    for (n, item) in batch.iter().enumerate() {
+        for uid in &item.targets {
+            target_of.push(n as i64 + 1);
+            target_uid.push(uid.as_str());
+        }
+    }
     let mut tx = pool.begin().await?;
     if shared {
         query(SHARED_LOCK_TIMEOUT).execute(&mut *tx).await?;
     }
-    let mut answers = Vec::with_capacity(items.len());
-    let mut notices = Notices::default();
-    for item in items {
-        let event = &item.event;
-        let row = query(PUBLISH)
-            .bind(&event.namespace)
-            .bind(&event.event_id)
-            .bind(&event.event_type)
-            .bind(&event.body)
-            .bind(event.published_ms)
-            .bind(&item.targets)
-            .fetch_one(&mut *tx)
-            .await?;
-        if !row.try_get::<bool, _>(0)? {
-            answers.push(None);
-            continue;
+    let rows = query(PUBLISH)
+        .bind(
+            batch
+                .iter()
+                .map(|i| i.event.namespace.as_str())
+                .collect::<Vec<_>>(),
+        )
+        .bind(
+            batch
+                .iter()
+                .map(|i| i.event.event_id.as_str())
+                .collect::<Vec<_>>(),
+        )
+        .bind(
+            batch
+                .iter()
+                .map(|i| i.event.event_type.as_str())
+                .collect::<Vec<_>>(),
+        )
+        .bind(
+            batch
+                .iter()
+                .map(|i| i.event.body.as_slice())
+                .collect::<Vec<_>>(),
+        )
+        .bind(
+            batch
+                .iter()
+                .map(|i| i.event.published_ms)
+                .collect::<Vec<_>>(),
+        )
+        .bind(target_of)
+        .bind(target_uid)
+        .fetch_all(&mut *tx)
+        .await?;
+    let mut made: Vec<Option<Vec<String>>> = vec![None; batch.len()];
+    for row in rows {
+        let n: i64 = row.try_get(0)?;
+        if let Some(slot) = usize::try_from(n - 1).ok().and_then(|n| made.get_mut(n)) {
+            *slot = Some(row.try_get(1)?);
         }
-        let made: Vec<String> = row.try_get(1)?;
+    }
+    let mut notices = Notices::default();
+    let mut written = made.into_iter().zip(&batch).map(|(made, item)| {
+        let made = made?;
+        let event = &item.event;
         notices.add(&event.namespace, &event.event_type, &made);
         let made: BTreeSet<&str> = made.iter().map(String::as_str).collect();
         let live: Vec<String> = item
@@ -302,13 +369,24 @@ async fn write(
             .filter(|t| made.contains(t.as_str()))
             .cloned()
             .collect();
-        answers.push(Some(PublishResult {
+        Some(PublishResult {
             event_id: event.event_id.clone(),
             matched: live.len() as u32,
             duplicate: false,
             targets: live,
-        }));
-    }
+        })
+    });
+    let answers: Vec<Option<PublishResult>> = first
+        .iter()
+        .map(|first| {
+            if *first {
+                written.next().flatten()
+            } else {
+                None
+            }
+        })
+        .collect();
+    drop(written);
     let payloads = notices.payloads();
     if shared || !payloads.is_empty() {
         // In the transaction: a notice is delivered only once the work is committed. The
