@@ -32,16 +32,7 @@ fn engine(store: Arc<dyn Store>) -> Arc<Engine> {
     Engine::new(
         store,
         HttpSender::new(EgressPolicy::new(vec!["127.0.0.0/8".parse().unwrap()])).unwrap(),
-        EngineConfig {
-            max_in_flight: 16,
-            namespace_reserved_in_flight: 16,
-            namespace_max_concurrent_publishes: 64,
-            namespace_max_in_flight: 16,
-            namespace_max_pending: 100,
-            namespace_max_stored_bytes: 1 << 40,
-            store_reserve_bytes: 0,
-            history_retention: Duration::from_secs(60),
-        },
+        EngineConfig::small(),
     )
 }
 

@@ -65,6 +65,23 @@ pub struct EngineConfig {
     pub history_retention: Duration,
 }
 
+impl EngineConfig {
+    /// Small limits for tests: 16 attempts at once, 100 pending per namespace, history
+    /// kept a minute.
+    pub fn small() -> Self {
+        Self {
+            max_in_flight: 16,
+            namespace_reserved_in_flight: 16,
+            namespace_max_concurrent_publishes: 64,
+            namespace_max_in_flight: 16,
+            namespace_max_pending: 100,
+            namespace_max_stored_bytes: 1 << 40,
+            store_reserve_bytes: 0,
+            history_retention: Duration::from_secs(60),
+        }
+    }
+}
+
 /// The `namespace` label of `herald_events_published_total` for events published where no
 /// subscription lives: one series for all of them, so the registry stays bounded by the
 /// namespaces that hold subscriptions.
@@ -286,16 +303,7 @@ impl Engine {
                 "127.0.0.0/8".parse().unwrap(),
             ]))
             .unwrap(),
-            EngineConfig {
-                max_in_flight: 16,
-                namespace_reserved_in_flight: 16,
-                namespace_max_concurrent_publishes: 64,
-                namespace_max_in_flight: 16,
-                namespace_max_pending: 100,
-                namespace_max_stored_bytes: 1 << 40,
-                store_reserve_bytes: 0,
-                history_retention: Duration::from_secs(60),
-            },
+            EngineConfig::small(),
         )
     }
 
