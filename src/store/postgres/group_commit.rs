@@ -316,36 +316,11 @@ async fn write(
         query(SHARED_LOCK_TIMEOUT).execute(&mut *tx).await?;
     }
     let rows = query(PUBLISH)
-        .bind(
-            batch
-                .iter()
-                .map(|i| i.event.namespace.as_str())
-                .collect::<Vec<_>>(),
-        )
-        .bind(
-            batch
-                .iter()
-                .map(|i| i.event.event_id.as_str())
-                .collect::<Vec<_>>(),
-        )
-        .bind(
-            batch
-                .iter()
-                .map(|i| i.event.event_type.as_str())
-                .collect::<Vec<_>>(),
-        )
-        .bind(
-            batch
-                .iter()
-                .map(|i| i.event.body.as_slice())
-                .collect::<Vec<_>>(),
-        )
-        .bind(
-            batch
-                .iter()
-                .map(|i| i.event.published_ms)
-                .collect::<Vec<_>>(),
-        )
+        .bind(column(&batch, |e| e.namespace.as_str()))
+        .bind(column(&batch, |e| e.event_id.as_str()))
+        .bind(column(&batch, |e| e.event_type.as_str()))
+        .bind(column(&batch, |e| e.body.as_slice()))
+        .bind(column(&batch, |e| e.published_ms))
         .bind(target_of)
         .bind(target_uid)
         .fetch_all(&mut *tx)
@@ -402,6 +377,11 @@ async fn write(
     }
     tx.commit().await?;
     Ok(answers)
+}
+
+/// One field of every event in `batch`, as an array to bind.
+fn column<'a, T>(batch: &[&'a Queued], field: impl Fn(&'a NewEvent) -> T) -> Vec<T> {
+    batch.iter().map(|i| field(&i.event)).collect()
 }
 
 /// What one transaction's publishes gave work to, as `herald_new_work` payloads.
