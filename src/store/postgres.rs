@@ -1567,6 +1567,27 @@ mod tests {
         .await
         .unwrap();
         assert_eq!(per_lane, vec![("s".into(), 400), ("t".into(), 200)]);
+        // An event that matches nothing keeps its id but not its body.
+        let none = store
+            .publish(event("g-none"), vec!["nobody".into()])
+            .await
+            .unwrap();
+        assert_eq!((none.matched, none.duplicate), (0, false));
+        let kept: Vec<(String, i32, i32)> = sqlx_core::query_as::query_as(
+            "SELECT event_id, octet_length(body), matched FROM events
+             WHERE event_id IN ('g-0', 'g-1', 'g-none') ORDER BY event_id",
+        )
+        .fetch_all(&mut conn)
+        .await
+        .unwrap();
+        assert_eq!(
+            kept,
+            vec![
+                ("g-0".into(), 2, 2),
+                ("g-1".into(), 2, 1),
+                ("g-none".into(), 0, 0)
+            ]
+        );
         store.close().await;
     }
 

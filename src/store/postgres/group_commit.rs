@@ -66,8 +66,9 @@ const PUBLISH: &str = "
     ), ev AS (
         INSERT INTO events (namespace, event_id, event_type, body, published_ms, matched)
         SELECT i.namespace, i.event_id, i.event_type,
-               CASE WHEN m.c = 0 THEN ''::bytea ELSE i.body END, i.published_ms, m.c
-        FROM input i, LATERAL (SELECT count(*) AS c FROM live WHERE live.n = i.n) m
+               CASE WHEN m.c IS NULL THEN ''::bytea ELSE i.body END, i.published_ms,
+               coalesce(m.c, 0)
+        FROM input i LEFT JOIN (SELECT n, count(*) AS c FROM live GROUP BY n) m ON m.n = i.n
         ORDER BY i.n
         ON CONFLICT (namespace, event_id) DO NOTHING
         RETURNING id, namespace, event_id
