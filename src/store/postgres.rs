@@ -1545,6 +1545,7 @@ mod tests {
         assert_eq!(events, 400);
         // How many commits they shared is printed, not asserted: on a loaded machine the
         // committers find one publish queued at a time (CI saw 399 transactions for 400).
+        // `queued_publishes_share_one_commit` holds them so that they must share.
         assert!(transactions <= events);
         // Per lane, a transaction's deliveries were made in the order of its events.
         // (Concurrent transactions' publishes have no order between them.)
@@ -1587,6 +1588,63 @@ mod tests {
                 ("g-1".into(), 2, 1),
                 ("g-none".into(), 0, 0)
             ]
+        );
+        store.close().await;
+    }
+
+    /// Publishes that queue while the committers wait for a connection are written
+    /// together: held at the pool until most of 100 are queued, they take a handful of
+    /// transactions (the committers' first batches, the queue at once, and whatever was
+    /// still on its way when the pool was let go).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn queued_publishes_share_one_commit() {
+        let Some(server) = Postgres::start() else {
+            return;
+        };
+        let store = Arc::new(connect(&server).await);
+        store.upsert_subscription(sub("s")).await.unwrap();
+        let mut held = Vec::new();
+        for _ in 0..POOL_SIZE {
+            held.push(store.synced.acquire().await.unwrap());
+        }
+        let publishes: Vec<_> = (0..100)
+            .map(|i| {
+                let store = store.clone();
+                tokio::spawn(async move {
+                    store
+                        .publish(event(&format!("q-{i}")), vec!["s".into()])
+                        .await
+                })
+            })
+            .collect();
+        // The committers' waits for a connection end at ACQUIRE_TIMEOUT (5 s).
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(2);
+        while store.publishes.queued() < 90 && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let queued = store.publishes.queued();
+        drop(held);
+        for p in publishes {
+            assert_eq!(p.await.unwrap().unwrap().matched, 1);
+        }
+        let mut conn = raw(&server.url).await;
+        let transactions: i64 =
+            query_scalar("SELECT count(DISTINCT xmin::text) FROM events WHERE event_id LIKE 'q-%'")
+                .fetch_one(&mut conn)
+                .await
+                .unwrap();
+        println!("{queued} of 100 publishes queued: {transactions} transactions");
+        assert!(
+            queued >= 50,
+            "only {queued} of 100 publishes queued within 2 s"
+        );
+        // Each committer's first batch (at least one publish each), the queue in one, and
+        // one each for those not yet queued.
+        let committers = group_commit::COMMITTERS as i64;
+        let bound = committers + 1 + (100 - committers - queued as i64);
+        assert!(
+            transactions <= bound,
+            "{transactions} transactions, bound {bound}"
         );
         store.close().await;
     }

@@ -29,7 +29,7 @@ use super::{
 
 /// Committers working at once. Their commits queue behind the notify lock in any case;
 /// more than one lets a batch be written while the one before it is being flushed.
-const COMMITTERS: usize = 3;
+pub(super) const COMMITTERS: usize = 3;
 /// Publishes in one transaction at most, and their bodies' bytes.
 const MAX_BATCH: usize = 256;
 const MAX_BATCH_BYTES: usize = 8 << 20;
@@ -108,6 +108,12 @@ impl GroupCommit {
             tokio::spawn(committer(pool.clone(), queued.clone()));
         }
         Self { queue }
+    }
+
+    /// Publishes waiting for a committer.
+    #[cfg(test)]
+    pub(super) fn queued(&self) -> usize {
+        self.queue.max_capacity() - self.queue.capacity()
     }
 
     /// Publishes `event` to `targets` (each once) in the next group commit, answering once
