@@ -61,7 +61,7 @@ static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
         registry: Registry::new(),
         attempts: counter(
             "herald_attempts_total",
-            "Delivery attempts finished, by outcome: accepted (2xx), transient (retried), terminal (dead-lettered at once) or refused (the egress guard stopped it before sending).",
+            "Delivery attempts finished, by outcome: accepted (2xx), transient (retried), terminal (dead-lettered at once), gone (410: dead-lettered, and the subscription disabled) or refused (the egress guard stopped it before sending).",
             &["namespace", "outcome"],
         ),
         attempt_duration: histogram(
@@ -76,7 +76,7 @@ static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
         ),
         auto_disabled: counter(
             "herald_auto_disabled_total",
-            "Subscriptions disabled after consecutive failed attempts.",
+            "Subscriptions disabled after consecutive failed attempts, or at once by a 410 Gone.",
             &["namespace"],
         ),
         purged: counter(

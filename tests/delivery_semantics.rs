@@ -125,6 +125,18 @@ async fn outcome_classes() {
         receiver.hits_for("/redirect-target").is_empty(),
         "a redirect was followed"
     );
+    // A 410 also disables its subscription (at once: disableAfterConsecutiveFailures is
+    // 100 here); a 404 does not.
+    for (name, gone) in [("gone-410", true), ("not-found-404", false)] {
+        let (_, state) = herald
+            .get(&format!("/v1/namespaces/{NS}/subscriptions/{name}"))
+            .await;
+        assert_eq!(
+            (state["disabled"].as_bool(), state["gone"].as_bool()),
+            (Some(gone), Some(gone)),
+            "{name}: {state}"
+        );
+    }
     let history = |name: &'static str| {
         let herald = &herald;
         let event_id = event_id.clone();
@@ -141,6 +153,11 @@ async fn outcome_classes() {
     assert_eq!(redirect.len(), 1, "{redirect:?}");
     assert_eq!(redirect[0]["statusCode"], 302);
     assert_eq!(redirect[0]["outcome"], "Terminal");
+    let gone = history("gone-410").await;
+    assert_eq!(
+        (gone[0]["outcome"].as_str(), gone[0]["statusCode"].as_u64()),
+        (Some("Gone"), Some(410))
+    );
     let hang = history("hangs").await;
     assert_eq!(hang.len(), 2, "{hang:?}");
     assert!(

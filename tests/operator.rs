@@ -262,6 +262,7 @@ async fn operator_end_to_end() {
     tenants_are_isolated(&cp, &herald, &receiver, &token).await;
     quota_bounds_a_namespace(&cp, &herald, &receiver, &token).await;
     auto_disable_and_kubectl_reenable(&cp, &herald, &receiver, &token).await;
+    gone_disables_at_once(&cp, &herald, &receiver, &token).await;
     status_writes_are_coalesced(&cp, &herald, &receiver).await;
 }
 
@@ -628,6 +629,61 @@ async fn auto_disable_and_kubectl_reenable(
         assert!(hits.iter().any(|h| event_id(h) == id));
     }
     wait_status_field(cp, "a", "flaky", ".status.deadAttempts", "0").await;
+}
+
+/// A receiver answering 410 Gone disables its subscription after one attempt (the default
+/// threshold is 100), with reason Gone and an Event; the re-enable annotation brings it back
+/// and the event kept meanwhile is delivered.
+async fn gone_disables_at_once(
+    cp: &ControlPlane,
+    herald: &Operator,
+    receiver: &Receiver,
+    token: &str,
+) {
+    receiver.set("/gone", Behaviour::Status(410));
+    cp.apply(&[sub(
+        "a",
+        "gone",
+        &receiver.url("/gone"),
+        &["gone.*"],
+        json!({}),
+    )]);
+    cp.wait_ready("a", "whsub/gone");
+    herald
+        .publish("a", token, json!({"id": "gone-1", "type": "gone.x"}))
+        .await;
+    wait_condition(cp, "a", "gone", "Ready", ("False", "Gone")).await;
+    wait_condition(cp, "a", "gone", "Disabled", ("True", "Gone")).await;
+    wait_event(cp, "a", "gone", "Gone").await;
+    let describe = cp.kubectl_ok(&["describe", "whsub", "gone", "-n", "a"]);
+    assert!(describe.contains("410 Gone"), "{describe}");
+    herald
+        .publish("a", token, json!({"id": "gone-2", "type": "gone.x"}))
+        .await;
+    wait_status_field(cp, "a", "gone", ".status.pendingAttempts", "1").await;
+    assert_eq!(receiver.hits_for("/gone").len(), 1, "attempts after a 410");
+
+    receiver.set("/gone", Behaviour::Status(204));
+    cp.kubectl_ok(&[
+        "annotate",
+        "whsub",
+        "gone",
+        "-n",
+        "a",
+        "herald.dev/reenable=back",
+    ]);
+    wait_condition(cp, "a", "gone", "Ready", ("True", "Active")).await;
+    wait_for_id(receiver, "gone-2").await;
+    wait_status_field(cp, "a", "gone", ".status.deadAttempts", "1").await;
+    assert_eq!(
+        receiver
+            .hits_for("/gone")
+            .iter()
+            .filter(|h| event_id(h) == "gone-1")
+            .count(),
+        1,
+        "the event answered 410 was tried again"
+    );
 }
 
 /// The status interval of the end-to-end test's herald (2 s unless

@@ -132,7 +132,9 @@ pub struct WebhookSubscriptionSpec {
     pub paused: bool,
 
     /// After this many consecutive failed attempts the subscription is disabled (condition
-    /// Disabled=True, a Kubernetes Event) until it is re-enabled. 0 never disables.
+    /// Disabled=True, reason AutoDisabled, a Kubernetes Event) until it is re-enabled. 0 never
+    /// disables. Whatever this says, a receiver answering 410 Gone disables it at once
+    /// (reason Gone): the Standard Webhooks meaning of 410 is that the endpoint is gone.
     #[serde(default = "default_disable_after")]
     #[schemars(range(min = 0, max = 100000))]
     pub disable_after_consecutive_failures: u32,
@@ -372,8 +374,9 @@ pub struct WebhookSubscriptionStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
 
-    /// Ready (deliveries can start), Disabled (auto-disabled after consecutive failures),
-    /// Degraded (recent transient failures) and the reasons behind them.
+    /// Ready (deliveries can start), Disabled (after consecutive failures, reason
+    /// AutoDisabled, or at once after a 410 Gone, reason Gone), Degraded (recent transient
+    /// failures) and the reasons behind them.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(schema_with = "super::conditions_schema")]
     pub conditions: Vec<Condition>,
@@ -415,7 +418,7 @@ pub struct WebhookSubscriptionStatus {
 pub struct LastAttempt {
     /// When the attempt finished.
     pub time: Time,
-    /// Accepted, Transient or Terminal.
+    /// Accepted, Transient, Terminal or Gone.
     pub outcome: String,
     /// The receiver's HTTP status, absent when no response arrived.
     #[serde(default, skip_serializing_if = "Option::is_none")]

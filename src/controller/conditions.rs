@@ -90,6 +90,8 @@ pub fn subscription_status(
     let mut conditions: Vec<Condition> = previous.map(|p| p.conditions.clone()).unwrap_or_default();
     let generation = facts.generation;
     let disabled = facts.state.is_some_and(|s| s.disabled);
+    // Disabled by a 410 Gone rather than by its threshold.
+    let gone = disabled && facts.state.is_some_and(|s| s.gone);
     let failures = facts
         .state
         .map(|s| s.consecutive_failures)
@@ -110,6 +112,14 @@ pub fn subscription_status(
             Status::False,
             problem.reason(),
             problem.message(facts.namespace),
+        )
+    } else if gone {
+        (
+            Status::False,
+            "Gone",
+            format!(
+                "disabled: the receiver answered 410 Gone (the endpoint is gone for good); events are kept. Point spec.url at a live receiver or fix it, then re-enable: {reenable_hint}"
+            ),
         )
     } else if disabled {
         (
@@ -148,7 +158,17 @@ pub fn subscription_status(
         generation,
         now,
     );
-    if disabled {
+    if gone {
+        conditions::set(
+            &mut conditions,
+            types::DISABLED,
+            Status::True,
+            "Gone",
+            format!("the receiver answered 410 Gone; re-enable with: {reenable_hint}"),
+            generation,
+            now,
+        );
+    } else if disabled {
         conditions::set(
             &mut conditions,
             types::DISABLED,
@@ -204,8 +224,8 @@ pub fn subscription_status(
             note: message.clone(),
         }),
         Some((_, old_reason)) if old_reason == reason => {}
-        // AutoDisabled is announced once, below, from the Disabled condition.
-        _ if reason == "AutoDisabled" => {}
+        // AutoDisabled and Gone are announced once, below, from the Disabled condition.
+        _ if reason == "AutoDisabled" || reason == "Gone" => {}
         _ => announce.push(Announcement {
             warning: reason != "Paused",
             reason: match reason {
@@ -221,7 +241,7 @@ pub fn subscription_status(
     if disabled && disabled_before.is_none_or(|(s, _)| s != "True") {
         announce.push(Announcement {
             warning: true,
-            reason: "AutoDisabled",
+            reason: if gone { "Gone" } else { "AutoDisabled" },
             note: message,
         });
     }
@@ -422,6 +442,34 @@ mod tests {
         assert_eq!(status.consecutive_failures, Some(3));
         let (_, again) = Fixture::healthy().disabled(3).status(Some(&status), 12);
         assert!(again.is_empty());
+    }
+
+    /// A 410 Gone disables it with a reason of its own, announced once; re-enabled, it is
+    /// Active again.
+    #[test]
+    fn gone_says_so_once_and_how_to_come_back() {
+        let (before, _) = Fixture::healthy().status(None, 1);
+        let mut gone = Fixture::healthy().disabled(1);
+        gone.state.as_mut().unwrap().gone = true;
+        let (status, events) = gone.status(Some(&before), 9);
+        assert_eq!(ready(&status), ("False", "Gone"));
+        let message = &conditions::find(&status.conditions, types::READY)
+            .unwrap()
+            .message;
+        assert!(message.contains("410 Gone"), "{message}");
+        assert!(message.contains(REENABLE_ANNOTATION), "{message}");
+        let disabled = conditions::find(&status.conditions, types::DISABLED).unwrap();
+        assert_eq!(
+            (disabled.status.as_str(), disabled.reason.as_str()),
+            ("True", "Gone")
+        );
+        let announced: Vec<_> = events.iter().map(|e| (e.reason, e.warning)).collect();
+        assert_eq!(announced, [("Gone", true)]);
+        let (status, again) = gone.status(Some(&status), 12);
+        assert!(again.is_empty(), "{again:?}");
+        let (back, events) = Fixture::healthy().status(Some(&status), 20);
+        assert_eq!(ready(&back), ("True", "Active"));
+        assert_eq!(events[0].reason, "Ready");
     }
 
     #[test]

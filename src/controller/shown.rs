@@ -20,10 +20,11 @@ use crate::api::{LastAttempt, SubscriptionCounters, WebhookSubscriptionStatus};
 const TYPES: [&str; 3] = [types::READY, types::DISABLED, types::DEGRADED];
 const STATUSES: [&str; 3] = ["True", "False", "Unknown"];
 /// Reasons herald writes; another one is kept whole (correct, only bigger).
-const REASONS: [&str; 10] = [
+const REASONS: [&str; 11] = [
     "Active",
     "Paused",
     "AutoDisabled",
+    "Gone",
     "SecretNotFound",
     "SecretKeyMissing",
     "InvalidSecret",

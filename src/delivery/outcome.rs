@@ -1,5 +1,6 @@
-//! What an attempt's result means (sender-observed outcomes): accepted, transient (retry)
-//! or terminal (dead-letter at once). Pure functions.
+//! What an attempt's result means (sender-observed outcomes): accepted, transient (retry),
+//! terminal (dead-letter at once) or gone (dead-letter, and disable the subscription).
+//! Pure functions.
 
 use std::time::{Duration, SystemTime};
 
@@ -14,6 +15,9 @@ pub enum Outcome {
     /// 3xx (redirects are not followed), other 4xx, 1xx, a refused destination: retrying
     /// would not help.
     Terminal,
+    /// 410: the receiver says the endpoint is gone for good (the Standard Webhooks spec), so
+    /// no later event should be tried either.
+    Gone,
 }
 
 impl Outcome {
@@ -22,6 +26,7 @@ impl Outcome {
             Self::Accepted => "Accepted",
             Self::Transient => "Transient",
             Self::Terminal => "Terminal",
+            Self::Gone => "Gone",
         }
     }
 }
@@ -31,6 +36,7 @@ pub fn classify_status(status: u16) -> Outcome {
     match status {
         200..=299 => Outcome::Accepted,
         408 | 425 | 429 | 500..=599 => Outcome::Transient,
+        410 => Outcome::Gone,
         _ => Outcome::Terminal,
     }
 }
@@ -60,10 +66,11 @@ mod tests {
             assert_eq!(classify_status(s), Outcome::Transient, "{s}");
         }
         for s in [
-            100, 101, 301, 302, 303, 307, 308, 400, 401, 403, 404, 409, 410, 413, 422, 600,
+            100, 101, 301, 302, 303, 307, 308, 400, 401, 403, 404, 409, 413, 422, 600,
         ] {
             assert_eq!(classify_status(s), Outcome::Terminal, "{s}");
         }
+        assert_eq!(classify_status(410), Outcome::Gone);
     }
 
     #[test]
@@ -99,6 +106,7 @@ mod tests {
             let documented = match (status / 100, status) {
                 (2, _) => Outcome::Accepted,
                 (_, 408 | 425 | 429) | (5, _) => Outcome::Transient,
+                (_, 410) => Outcome::Gone,
                 // 1xx, 3xx (not followed), other 4xx, and anything outside 100..=599.
                 _ => Outcome::Terminal,
             };

@@ -94,6 +94,9 @@ pub struct ShardFence {
 pub struct SubscriptionState {
     pub live: bool,
     pub disabled: bool,
+    /// Disabled because its receiver answered 410 Gone (rather than after
+    /// consecutive failures); cleared by a re-enable.
+    pub gone: bool,
     pub consecutive_failures: u32,
     pub delivered: u64,
     pub failed: u64,
@@ -179,7 +182,7 @@ pub enum Claim {
 #[serde(rename_all = "camelCase")]
 pub struct AttemptRecord {
     pub at_ms: i64,
-    /// Accepted, Transient or Terminal.
+    /// Accepted, Transient, Terminal or Gone.
     pub outcome: String,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub status_code: Option<u16>,
@@ -192,8 +195,20 @@ pub struct AttemptRecord {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Next {
     Delivered,
-    Retry { due_ms: i64 },
+    Retry {
+        due_ms: i64,
+    },
     DeadLetter,
+    /// Dead-letter it, and disable the subscription at once whatever its threshold: the
+    /// receiver answered 410 Gone. [`SubscriptionState::gone`] says so until re-enabled.
+    Gone,
+}
+
+impl Next {
+    /// The delivery ends dead-lettered.
+    pub fn is_dead(self) -> bool {
+        matches!(self, Self::DeadLetter | Self::Gone)
+    }
 }
 
 /// What got new due work in a store several processes share, since it was last taken from

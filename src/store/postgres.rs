@@ -77,6 +77,7 @@ mod group_commit;
 const MIGRATIONS: &[(i64, &str, &str)] = &[
     (1, "schema", include_str!("postgres/0001_schema.sql")),
     (2, "shards", include_str!("postgres/0002_shards.sql")),
+    (3, "gone", include_str!("postgres/0003_gone.sql")),
 ];
 
 /// Connections per writing pool (two per process). With the read pool and the listener,
@@ -228,13 +229,15 @@ fn attempt_row(row: &PgRow, from: usize) -> Result<AttemptRecord, sqlx_core::Err
 const STATE_OF: &str = "
     SELECT live, disabled, consecutive_failures, delivered, failed, dead_lettered,
            (SELECT count(*) FROM deliveries WHERE sub_uid = $1 AND state IN (0, 1)),
-           (SELECT count(*) FROM deliveries WHERE sub_uid = $1 AND state = 3)
+           (SELECT count(*) FROM deliveries WHERE sub_uid = $1 AND state = 3),
+           gone
     FROM subscriptions WHERE uid = $1";
 
 fn state_row(row: &PgRow) -> Result<SubscriptionState, sqlx_core::Error> {
     Ok(SubscriptionState {
         live: row.try_get(0)?,
         disabled: row.try_get(1)?,
+        gone: row.try_get(8)?,
         consecutive_failures: row.try_get::<i32, _>(2)?.max(0) as u32,
         delivered: count(row, 3)?,
         failed: count(row, 4)?,
@@ -406,7 +409,7 @@ impl Store for PostgresStore {
             let mut tx = self.synced.begin().await?;
             query(HOLD_SUBSCRIPTION).bind(uid).execute(&mut *tx).await?;
             query(
-                "UPDATE subscriptions SET disabled = $2,
+                "UPDATE subscriptions SET disabled = $2, gone = gone AND $2,
                      consecutive_failures = CASE WHEN $2 THEN consecutive_failures ELSE 0 END
                  WHERE uid = $1 AND live",
             )
@@ -653,11 +656,12 @@ impl Store for PostgresStore {
         let (state, due_ms) = match next {
             Next::Delivered => (DeliveryState::Delivered, attempt.at_ms),
             Next::Retry { due_ms } => (DeliveryState::Pending, due_ms),
-            Next::DeadLetter => (DeliveryState::Dead, attempt.at_ms),
+            Next::DeadLetter | Next::Gone => (DeliveryState::Dead, attempt.at_ms),
         };
         let finished = (state != DeliveryState::Pending).then_some(attempt.at_ms);
         let ok = next == Next::Delivered;
-        let dead = next == Next::DeadLetter;
+        let dead = next.is_dead();
+        let gone = next == Next::Gone;
         let stale_message = superseded_message(&attempt.message);
         within(OP_TIMEOUT, async {
             // The subscription row first (`sub`, whose FOR NO KEY UPDATE returns the row as
@@ -668,14 +672,17 @@ impl Store for PostgresStore {
             // delivery moves on only while it is in flight under this claim (same attempt
             // number): a delivery purged meanwhile is gone, and a stale claim's attempt (a
             // take-over made it due again, or another replica claimed it since) is logged as
-            // history only. After a delivery, with $16, the lane's next due delivery is
+            // history only. A 410 Gone ($17) disables the subscription whatever its
+            // threshold; `disabled_now` compares with the row `sub` locked. After a delivery,
+            // with $16, the lane's next due delivery is
             // claimed (`following`, `claimed`: the rules of CLAIM, the fence held through
             // `moved`). The fourth column is the lane's next due time; one statement sees one
             // snapshot, so a retry scheduled here is not among it, and a delivery claimed
             // here still is.
             let row = query(
                 "WITH sub AS MATERIALIZED (
-                     SELECT uid, live AND NOT paused AND NOT disabled AS active
+                     SELECT uid, live AND NOT paused AND NOT disabled AS active,
+                            disabled AS was_disabled
                      FROM subscriptions
                      WHERE uid = (SELECT sub_uid FROM deliveries WHERE id = $1)
                      FOR NO KEY UPDATE
@@ -701,13 +708,13 @@ impl Store for PostgresStore {
                          delivered = s.delivered + CASE WHEN $10 THEN 1 ELSE 0 END,
                          failed = s.failed + CASE WHEN $10 THEN 0 ELSE 1 END,
                          dead_lettered = s.dead_lettered + CASE WHEN $11 THEN 1 ELSE 0 END,
-                         disabled = s.disabled OR (NOT $10 AND s.disable_after > 0
-                                                   AND s.consecutive_failures + 1 >= s.disable_after)
+                         disabled = s.disabled OR $17 OR (NOT $10 AND s.disable_after > 0
+                                                   AND s.consecutive_failures + 1 >= s.disable_after),
+                         gone = s.gone OR $17
                      FROM moved
                      WHERE s.uid = moved.sub_uid AND s.live
                      RETURNING s.consecutive_failures,
-                               s.disabled AND NOT $10 AND s.disable_after > 0
-                                   AND s.consecutive_failures = s.disable_after AS disabled_now
+                               s.disabled AND NOT (SELECT was_disabled FROM sub) AS disabled_now
                  ), following AS MATERIALIZED (
                      SELECT id FROM deliveries
                      WHERE $16::bigint IS NOT NULL AND $10 AND EXISTS (SELECT 1 FROM moved)
@@ -728,6 +735,7 @@ impl Store for PostgresStore {
                         coalesce((SELECT disabled_now FROM counted), false),
                         (SELECT min(d.due_ms) FROM deliveries d
                          WHERE (SELECT active FROM sub)
+                           AND NOT coalesce((SELECT disabled_now FROM counted), false)
                            AND d.sub_uid = (SELECT uid FROM sub) AND d.state = 0),
                         c.id, c.event_id, c.event_type, c.body, c.attempts, c.window_start_ms,
                         c.sub_uid
@@ -749,6 +757,7 @@ impl Store for PostgresStore {
             .bind(claim.fence.map(|f| f.epoch))
             .bind(&stale_message)
             .bind(then_claim)
+            .bind(gone)
             .fetch_one(&self.relaxed)
             .await?;
             let completion = Completion {

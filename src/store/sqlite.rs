@@ -89,7 +89,8 @@ CREATE TABLE IF NOT EXISTS subscriptions (
     delivered INTEGER NOT NULL DEFAULT 0,
     failed INTEGER NOT NULL DEFAULT 0,
     dead_lettered INTEGER NOT NULL DEFAULT 0,
-    shard INTEGER NOT NULL DEFAULT 0
+    shard INTEGER NOT NULL DEFAULT 0,
+    gone INTEGER NOT NULL DEFAULT 0
 );
 CREATE TABLE IF NOT EXISTS events (
     id INTEGER PRIMARY KEY,
@@ -331,15 +332,20 @@ fn reader(conn: Connection, queue: Arc<std::sync::Mutex<std::sync::mpsc::Receive
 
 /// Brings a store made by an older herald up to [`SCHEMA`].
 fn migrate(conn: &Connection) -> rusqlite::Result<()> {
-    let has_shard: bool = conn.query_row(
-        "SELECT count(*) > 0 FROM pragma_table_info('subscriptions') WHERE name = 'shard'",
-        [],
-        |r| r.get(0),
-    )?;
-    if !has_shard {
-        conn.execute_batch(
-            "ALTER TABLE subscriptions ADD COLUMN shard INTEGER NOT NULL DEFAULT 0",
+    for (column, definition) in [
+        ("shard", "INTEGER NOT NULL DEFAULT 0"),
+        ("gone", "INTEGER NOT NULL DEFAULT 0"),
+    ] {
+        let has: bool = conn.query_row(
+            "SELECT count(*) > 0 FROM pragma_table_info('subscriptions') WHERE name = ?1",
+            [column],
+            |r| r.get(0),
         )?;
+        if !has {
+            conn.execute_batch(&format!(
+                "ALTER TABLE subscriptions ADD COLUMN {column} {definition}"
+            ))?;
+        }
     }
     Ok(())
 }
@@ -419,7 +425,8 @@ fn writer(conn: Connection, mut rx: mpsc::UnboundedReceiver<Job>, failing: Arc<A
 const STATE_OF: &str = "SELECT live, disabled, consecutive_failures, delivered, failed,
             dead_lettered,
             (SELECT count(*) FROM deliveries WHERE sub_uid = ?1 AND state IN (0, 1)),
-            (SELECT count(*) FROM deliveries WHERE sub_uid = ?1 AND state = 3)
+            (SELECT count(*) FROM deliveries WHERE sub_uid = ?1 AND state = 3),
+            gone
      FROM subscriptions WHERE uid = ?1";
 
 /// Creates or updates a live subscription (a tombstoned uid stays dead).
@@ -443,6 +450,7 @@ fn state_of(conn: &Connection, uid: &str) -> rusqlite::Result<Option<Subscriptio
             Ok(SubscriptionState {
                 live: r.get(0)?,
                 disabled: r.get(1)?,
+                gone: r.get(8)?,
                 consecutive_failures: r.get(2)?,
                 delivered: count(r, 3)?,
                 failed: count(r, 4)?,
@@ -493,7 +501,7 @@ impl Store for SqliteStore {
         let uid = uid.to_string();
         self.run(Durability::Synced, move |conn| {
             conn.execute(
-                "UPDATE subscriptions SET disabled = ?2,
+                "UPDATE subscriptions SET disabled = ?2, gone = gone AND ?2,
                      consecutive_failures = CASE WHEN ?2 THEN consecutive_failures ELSE 0 END
                  WHERE uid = ?1 AND live = 1",
                 params![uid, disabled],
@@ -684,7 +692,7 @@ impl Store for SqliteStore {
             let (state, due_ms) = match next {
                 Next::Delivered => (DeliveryState::Delivered, attempt.at_ms),
                 Next::Retry { due_ms } => (DeliveryState::Pending, due_ms),
-                Next::DeadLetter => (DeliveryState::Dead, attempt.at_ms),
+                Next::DeadLetter | Next::Gone => (DeliveryState::Dead, attempt.at_ms),
             };
             let finished = (state != DeliveryState::Pending).then_some(attempt.at_ms);
             let (shard, epoch) = claim.fence.map_or((None, None), |f| (Some(f.shard), Some(f.epoch)));
@@ -724,12 +732,20 @@ impl Store for SqliteStore {
             };
             log(&attempt.message)?;
             let ok = next == Next::Delivered;
-            let dead = next == Next::DeadLetter;
+            let gone = next == Next::Gone;
+            // Whether a 410 disables it now, or found it disabled already.
+            let was_disabled = gone
+                && conn
+                    .prepare_cached("SELECT disabled FROM subscriptions WHERE uid = ?1")?
+                    .query_row([&sub_uid], |r| r.get::<_, bool>(0))
+                    .optional()?
+                    .unwrap_or(true);
             let (failures, disabled_now): (u32, bool) = conn
                 .prepare_cached(COUNT_ATTEMPT)?
-                .query_row(params![sub_uid, ok, dead], |r| Ok((r.get(0)?, r.get(1)?)))
+                .query_row(params![sub_uid, ok, next.is_dead(), gone], |r| Ok((r.get(0)?, r.get(1)?)))
                 .optional()?
                 .unwrap_or((0, false));
+            let disabled_now = if gone { !was_disabled } else { disabled_now };
             let following = match then_claim {
                 Some(now_ms) if ok => match claim_due(conn, sub_uid.clone(), now_ms, claim.fence)? {
                     Claim::Claimed(claimed) => Some(claimed),
@@ -1074,15 +1090,17 @@ fn claim_due(
         })
 }
 
-/// Counts an attempt on its subscription and disables it after too many failures in a row.
+/// Counts an attempt on its subscription and disables it after too many failures in a row,
+/// or at once after a 410 Gone (?4).
 const COUNT_ATTEMPT: &str = "UPDATE subscriptions SET
          consecutive_failures = CASE WHEN ?2 THEN 0 ELSE consecutive_failures + 1 END,
          delivered = delivered + ?2,
          failed = failed + (NOT ?2),
          dead_lettered = dead_lettered + ?3,
-         disabled = CASE WHEN NOT ?2 AND disable_after > 0
-                          AND consecutive_failures + 1 >= disable_after
-                         THEN 1 ELSE disabled END
+         disabled = CASE WHEN ?4 OR (NOT ?2 AND disable_after > 0
+                          AND consecutive_failures + 1 >= disable_after)
+                         THEN 1 ELSE disabled END,
+         gone = gone OR ?4
      WHERE uid = ?1 AND live = 1
      RETURNING consecutive_failures,
                disabled = 1 AND NOT ?2 AND disable_after > 0

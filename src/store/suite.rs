@@ -65,6 +65,7 @@ pub async fn run(store: &dyn Store) {
     claims_follow_publish_order_and_due_time(store).await;
     removal_purges_and_fences_forever(store).await;
     completion_counts_and_auto_disables(store).await;
+    gone_disables_at_once(store).await;
     dead_letters_list_and_replay(store).await;
     in_flight_is_recovered(store).await;
     pause_blocks_claims(store).await;
@@ -301,6 +302,55 @@ async fn completion_counts_and_auto_disables(store: &dyn Store) {
     store.remove_subscription("d1").await.unwrap();
 }
 
+/// A 410 Gone dead-letters its delivery and disables the subscription at once, even one
+/// that never auto-disables; a second 410 from an attempt that was on the wire meanwhile
+/// does not disable it again. A re-enable clears the reason.
+async fn gone_disables_at_once(store: &dyn Store) {
+    store.upsert_subscription(sub("g1")).await.unwrap();
+    for i in 0..3 {
+        store
+            .publish(event(&format!("evt-g{i}"), 100), vec!["g1".into()])
+            .await
+            .unwrap();
+    }
+    let first = claim(store, "g1", 100).await;
+    let second = claim(store, "g1", 100).await;
+    let done = store
+        .complete(
+            first.claim_ref(),
+            attempt(101, "Gone", Some(410)),
+            Next::Gone,
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        done,
+        Completion {
+            recorded: true,
+            disabled_now: true,
+            consecutive_failures: 1,
+            next_due_ms: None,
+        }
+    );
+    let state = store.subscription_state("g1").await.unwrap().unwrap();
+    assert!(state.disabled && state.gone, "{state:?}");
+    assert_eq!((state.failed, state.dead_lettered, state.dead), (1, 1, 1));
+    assert_eq!(idle(store, "g1", i64::MAX).await, None, "gone: no claim");
+    let done = store
+        .complete(
+            second.claim_ref(),
+            attempt(102, "Gone", Some(410)),
+            Next::Gone,
+        )
+        .await
+        .unwrap();
+    assert!(done.recorded && !done.disabled_now, "{done:?}");
+    let state = store.set_disabled("g1", false).await.unwrap();
+    assert!(!state.disabled && !state.gone, "{state:?}");
+    assert_eq!(claim(store, "g1", 200).await.event_id, "evt-g2");
+    store.remove_subscription("g1").await.unwrap();
+}
+
 async fn dead_letters_list_and_replay(store: &dyn Store) {
     store.upsert_subscription(sub("x1")).await.unwrap();
     for i in 0..3 {
@@ -312,7 +362,7 @@ async fn dead_letters_list_and_replay(store: &dyn Store) {
         store
             .complete(
                 c.claim_ref(),
-                attempt(110, "Terminal", Some(410)),
+                attempt(110, "Terminal", Some(404)),
                 Next::DeadLetter,
             )
             .await
@@ -326,7 +376,7 @@ async fn dead_letters_list_and_replay(store: &dyn Store) {
     assert_eq!(dead[0].state, DeliveryState::Dead);
     assert_eq!(
         dead[0].last_attempt.as_ref().unwrap().status_code,
-        Some(410)
+        Some(404)
     );
     assert!(
         store

@@ -182,7 +182,9 @@ impl Engine {
             Ok(done) if done.recorded => {
                 match next {
                     Next::Retry { due_ms } => inner.add_timer(uid, due_ms),
-                    Next::Delivered | Next::DeadLetter => inner.pending_sub(&config.namespace, 1),
+                    Next::Delivered | Next::DeadLetter | Next::Gone => {
+                        inner.pending_sub(&config.namespace, 1)
+                    }
                 }
                 match done.next_due_ms {
                     Some(at) if at > now_ms() => {
@@ -420,7 +422,7 @@ impl Engine {
                 next: match next {
                     Next::Delivered => "delivered",
                     Next::Retry { .. } => "retry",
-                    Next::DeadLetter => "dead-letter",
+                    Next::DeadLetter | Next::Gone => "dead-letter",
                 },
                 message: record.message,
             });
@@ -428,7 +430,11 @@ impl Engine {
         if let Ok(done) = completion
             && done.disabled_now
         {
-            tracing::warn!(namespace = %config.namespace, subscription = %config.name, failures = done.consecutive_failures, "subscription disabled after consecutive failures");
+            if next == Next::Gone {
+                tracing::warn!(namespace = %config.namespace, subscription = %config.name, "subscription disabled: the receiver answered 410 Gone");
+            } else {
+                tracing::warn!(namespace = %config.namespace, subscription = %config.name, failures = done.consecutive_failures, "subscription disabled after consecutive failures");
+            }
             let _ = self.notices.send(Notice::Disabled {
                 namespace: config.namespace.to_string(),
                 name: config.name.to_string(),
@@ -448,6 +454,7 @@ fn decide(
     match result.outcome {
         Outcome::Accepted => (Next::Delivered, result.message.clone()),
         Outcome::Terminal => (Next::DeadLetter, result.message.clone()),
+        Outcome::Gone => (Next::Gone, result.message.clone()),
         Outcome::Transient => match retry::after_transient_failure(
             &config.limits,
             claimed.attempt,
@@ -481,6 +488,7 @@ fn record_metrics(
             Outcome::Accepted => "accepted",
             Outcome::Transient => "transient",
             Outcome::Terminal => "terminal",
+            Outcome::Gone => "gone",
         }
     };
     metrics
@@ -500,7 +508,7 @@ fn record_metrics(
             .observe(result.latency.as_secs_f64());
     }
     if let Some(done) = completion {
-        if done.recorded && next == Next::DeadLetter {
+        if done.recorded && next.is_dead() {
             metrics.dead_letters.with_label_values(&[namespace]).inc();
         }
         if done.disabled_now {
