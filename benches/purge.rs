@@ -22,6 +22,7 @@ fn record(uid: &str) -> SubscriptionRecord {
         paused: false,
         disable_after: 0,
         shard: 0,
+        strict_order: false,
     }
 }
 

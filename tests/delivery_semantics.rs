@@ -1109,3 +1109,29 @@ async fn lane_width_one_keeps_first_attempts_in_order_and_a_retry_does_not_block
     let all = settled(&herald, "hook", 3).await;
     assert!(all.iter().all(|d| d["state"] == "delivered"), "{all:?}");
 }
+
+/// `ordering: strict`: a receiver that fails the 3rd event twice sees 1, 2, 3, 3, 3, 4, 5,
+/// although maxInFlight would allow 8 at once and events 4 and 5 wait while 3 is retried.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn strict_order_holds_later_events_behind_a_retry() {
+    let receiver = Receiver::start().await;
+    receiver.set("/hook", Behaviour::Script(vec![204, 204, 500, 500, 204]));
+    let spec = json!({"delivery": {"ordering": "strict", "maxInFlight": 8, "retry": {"initialBackoff": "300ms", "maxBackoff": "600ms"}}});
+    let herald = Herald::start(&hook(&receiver, spec), ALLOW_LOOPBACK);
+    for n in 1..=5 {
+        herald
+            .publish(NS, json!({"id": format!("e{n}"), "type": "order.paid"}))
+            .await;
+    }
+    let hits = receiver
+        .wait_until("7 attempts", Duration::from_secs(30), |h| h.len() >= 7)
+        .await;
+    let order: Vec<&str> = hits.iter().map(|h| h.header("webhook-id")).collect();
+    assert_eq!(order, ["e1", "e2", "e3", "e3", "e3", "e4", "e5"]);
+    settled(&herald, "hook", 5).await;
+    assert_eq!(
+        receiver.hits().len(),
+        7,
+        "an attempt after all were delivered"
+    );
+}

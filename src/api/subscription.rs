@@ -291,6 +291,27 @@ pub struct DeliveryPolicy {
     #[serde(default = "default_retry_after_cap")]
     #[x_kube(validation = Rule::new("duration(self) <= duration('72h')").message("must be at most 72h"))]
     pub retry_after_cap: Duration,
+
+    /// unordered (default) or strict. Strict: events are attempted one at a time in publish
+    /// order, and a later event is not attempted while an earlier one waits for a retry, so
+    /// a receiver sees them in order (an event retried and then delivered is followed by the
+    /// next one only). An event dead-lettered ends its wait: the lane moves on to the next
+    /// one, and replaying a dead letter puts it first again. The cost: maxInFlight is 1
+    /// whatever it says, and one failing event holds back every later one for as long as
+    /// its retries last (maxAttempts, maxDuration).
+    #[serde(default)]
+    pub ordering: Ordering,
+}
+
+/// The order in which a subscription's events are attempted.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "kebab-case")]
+pub enum Ordering {
+    /// First attempts in publish order; a retry waits without holding back later events.
+    #[default]
+    Unordered,
+    /// Publish order, each event settled (delivered or dead-lettered) before the next starts.
+    Strict,
 }
 
 impl Default for DeliveryPolicy {
@@ -300,6 +321,7 @@ impl Default for DeliveryPolicy {
             max_in_flight: default_max_in_flight(),
             retry: RetryPolicy::default(),
             retry_after_cap: default_retry_after_cap(),
+            ordering: Ordering::default(),
         }
     }
 }

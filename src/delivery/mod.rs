@@ -43,6 +43,8 @@ pub struct SubscriptionConfig {
     pub not_ready: Option<String>,
     pub timeout: Duration,
     pub width: u32,
+    /// `spec.delivery.ordering: strict`: the store claims only the oldest unsettled event.
+    pub strict_order: bool,
     pub limits: RetryLimits,
     pub headers: Vec<(HeaderName, HeaderValue)>,
     pub paused: bool,
@@ -105,6 +107,7 @@ impl SubscriptionConfig {
             Err(reason) => (None, Some(reason)),
         };
         let delivery = &spec.delivery;
+        let strict_order = delivery.ordering == crate::api::subscription::Ordering::Strict;
         Ok(Self {
             uid: uid.into(),
             namespace: namespace.into(),
@@ -114,7 +117,13 @@ impl SubscriptionConfig {
             signer,
             not_ready,
             timeout: delivery.timeout.get(),
-            width: delivery.max_in_flight.max(1),
+            // Strict order: one attempt at a time, whatever maxInFlight says.
+            width: if strict_order {
+                1
+            } else {
+                delivery.max_in_flight.max(1)
+            },
+            strict_order,
             limits: RetryLimits {
                 max_attempts: delivery.retry.max_attempts.max(1),
                 max_duration: delivery.retry.max_duration.get(),

@@ -78,6 +78,9 @@ pub struct SubscriptionRecord {
     pub disable_after: u32,
     /// Its shard (`delivery::shards::shard_of`; 0 with one replica).
     pub shard: u32,
+    /// Claims take only its oldest unsettled delivery, and only while none is in flight
+    /// and that one is due (`spec.delivery.ordering: strict`).
+    pub strict_order: bool,
 }
 
 /// A claim's proof of shard ownership: the lease epoch under which this replica holds the

@@ -90,7 +90,8 @@ CREATE TABLE IF NOT EXISTS subscriptions (
     failed INTEGER NOT NULL DEFAULT 0,
     dead_lettered INTEGER NOT NULL DEFAULT 0,
     shard INTEGER NOT NULL DEFAULT 0,
-    gone INTEGER NOT NULL DEFAULT 0
+    gone INTEGER NOT NULL DEFAULT 0,
+    strict_order INTEGER NOT NULL DEFAULT 0
 );
 CREATE TABLE IF NOT EXISTS events (
     id INTEGER PRIMARY KEY,
@@ -114,6 +115,8 @@ CREATE TABLE IF NOT EXISTS deliveries (
     finished_ms INTEGER
 );
 CREATE INDEX IF NOT EXISTS deliveries_lane ON deliveries (sub_uid, state, due_ms, id);
+-- A strict-order subscription's oldest pending delivery, without reading its backlog.
+CREATE INDEX IF NOT EXISTS deliveries_order ON deliveries (sub_uid, id) WHERE state = 0;
 CREATE INDEX IF NOT EXISTS deliveries_event ON deliveries (event);
 CREATE TABLE IF NOT EXISTS attempt_log (
     id INTEGER PRIMARY KEY,
@@ -335,6 +338,7 @@ fn migrate(conn: &Connection) -> rusqlite::Result<()> {
     for (column, definition) in [
         ("shard", "INTEGER NOT NULL DEFAULT 0"),
         ("gone", "INTEGER NOT NULL DEFAULT 0"),
+        ("strict_order", "INTEGER NOT NULL DEFAULT 0"),
     ] {
         let has: bool = conn.query_row(
             "SELECT count(*) > 0 FROM pragma_table_info('subscriptions') WHERE name = ?1",
@@ -431,18 +435,18 @@ const STATE_OF: &str = "SELECT live, disabled, consecutive_failures, delivered, 
 
 /// Creates or updates a live subscription (a tombstoned uid stays dead).
 const UPSERT_SUBSCRIPTION: &str = "INSERT INTO subscriptions
-         (uid, namespace, name, paused, disable_after, shard)
-     VALUES (?1, ?2, ?3, ?4, ?5, ?6)
+         (uid, namespace, name, paused, disable_after, shard, strict_order)
+     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)
      ON CONFLICT (uid) DO UPDATE SET paused = excluded.paused,
          disable_after = excluded.disable_after, name = excluded.name,
-         shard = excluded.shard
+         shard = excluded.shard, strict_order = excluded.strict_order
      WHERE subscriptions.live = 1
          -- Unchanged (every subscription, at each start): no page is written,
          -- so the commit has nothing to sync.
          AND (subscriptions.paused, subscriptions.disable_after,
-              subscriptions.name, subscriptions.shard)
+              subscriptions.name, subscriptions.shard, subscriptions.strict_order)
              IS NOT (excluded.paused, excluded.disable_after,
-                     excluded.name, excluded.shard)";
+                     excluded.name, excluded.shard, excluded.strict_order)";
 
 fn state_of(conn: &Connection, uid: &str) -> rusqlite::Result<Option<SubscriptionState>> {
     conn.prepare_cached(STATE_OF)?
@@ -472,7 +476,8 @@ impl Store for SqliteStore {
                 sub.name,
                 sub.paused,
                 sub.disable_after,
-                sub.shard
+                sub.shard,
+                sub.strict_order
             ])?;
             Ok(state_of(conn, &sub.uid)?.unwrap_or_default())
         })
@@ -519,7 +524,7 @@ impl Store for SqliteStore {
     async fn live_subscriptions(&self) -> Result<Vec<SubscriptionRecord>> {
         self.read(|conn| {
             let mut stmt = conn.prepare(
-                "SELECT uid, namespace, name, paused, disable_after, shard
+                "SELECT uid, namespace, name, paused, disable_after, shard, strict_order
                  FROM subscriptions WHERE live = 1",
             )?;
             stmt.query_map([], |r| {
@@ -530,6 +535,7 @@ impl Store for SqliteStore {
                     paused: r.get(3)?,
                     disable_after: r.get(4)?,
                     shard: r.get(5)?,
+                    strict_order: r.get(6)?,
                 })
             })?
             .collect()
@@ -1012,37 +1018,63 @@ fn attempt_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<AttemptRecord> {
     })
 }
 
-/// The fence and the claim in one statement: the next due delivery moves to in flight only
-/// while its subscription is live, enabled and unpaused.
-const CLAIM: &str = "UPDATE deliveries SET state = 1, attempts = attempts + 1
-     WHERE id = (SELECT id FROM deliveries
-                 WHERE sub_uid = ?1 AND state = 0 AND due_ms <= ?2
-                 ORDER BY due_ms, id LIMIT 1)
-       AND EXISTS (SELECT 1 FROM subscriptions WHERE uid = ?1 AND live = 1
-                   AND paused = 0 AND disabled = 0)
-     RETURNING id, event, attempts, window_start_ms";
+/// A claim's statement, around the conditions on the subscription's row (`s`): its next due
+/// delivery moves to in flight only while the subscription is live, enabled and unpaused
+/// (and those conditions hold). Under strict order only its oldest pending delivery is a
+/// candidate, and only while none is in flight.
+macro_rules! claim_sql {
+    ($row:literal, $also:literal) => {
+        concat!(
+            "UPDATE deliveries SET state = 1, attempts = attempts + 1
+             WHERE due_ms <= ?2 AND id = (
+                 SELECT CASE WHEN s.strict_order
+                     THEN (SELECT id FROM deliveries WHERE sub_uid = ?1 AND state = 0
+                           ORDER BY id LIMIT 1)
+                     ELSE (SELECT id FROM deliveries
+                           WHERE sub_uid = ?1 AND state = 0 AND due_ms <= ?2
+                           ORDER BY due_ms, id LIMIT 1)
+                 END
+                 FROM subscriptions s
+                 WHERE s.uid = ?1 AND s.live = 1 AND s.paused = 0 AND s.disabled = 0 ",
+            $row,
+            "
+                   AND NOT (s.strict_order AND EXISTS (
+                       SELECT 1 FROM deliveries WHERE sub_uid = ?1 AND state = 1)))",
+            $also,
+            "
+             RETURNING id, event, attempts, window_start_ms"
+        )
+    };
+}
+
+/// The fence and the claim in one statement.
+const CLAIM: &str = claim_sql!("", "");
 
 /// [`CLAIM`], and only while the claimer's lease epoch (?4) is the shard's (?3) current one.
-const CLAIM_FENCED: &str = "UPDATE deliveries SET state = 1, attempts = attempts + 1
-     WHERE id = (SELECT id FROM deliveries
-                 WHERE sub_uid = ?1 AND state = 0 AND due_ms <= ?2
-                 ORDER BY due_ms, id LIMIT 1)
-       AND EXISTS (SELECT 1 FROM subscriptions WHERE uid = ?1 AND live = 1
-                   AND paused = 0 AND disabled = 0 AND shard = ?3)
-       AND EXISTS (SELECT 1 FROM shard_owners WHERE shard = ?3 AND epoch = ?4)
-     RETURNING id, event, attempts, window_start_ms";
+const CLAIM_FENCED: &str = claim_sql!(
+    "AND s.shard = ?3",
+    "
+       AND EXISTS (SELECT 1 FROM shard_owners WHERE shard = ?3 AND epoch = ?4)"
+);
 
 /// Undoes one claim (?1 the delivery, ?2 the claim's attempt number): a take-over or a later
 /// claim has changed state or attempts since, and then this matches nothing.
 const UNCLAIM: &str = "UPDATE deliveries SET state = 0, attempts = attempts - 1
      WHERE id = ?1 AND state = 1 AND attempts = ?2";
 
-/// The earliest due time of the subscription's deliveries waiting to be claimed; None when
-/// none waits or it is paused, disabled or gone.
+/// When the lane's next claim can succeed: the earliest due time of the subscription's
+/// deliveries waiting to be claimed (under strict order, its oldest one's, and none while
+/// one is in flight); None when none waits or it is paused, disabled or gone.
 fn next_due(conn: &Connection, uid: &str) -> rusqlite::Result<Option<i64>> {
     let due: Option<Option<i64>> = conn
         .prepare_cached(
-            "SELECT (SELECT min(due_ms) FROM deliveries WHERE sub_uid = ?1 AND state = 0)
+            "SELECT CASE
+                 WHEN NOT strict_order THEN
+                     (SELECT min(due_ms) FROM deliveries WHERE sub_uid = ?1 AND state = 0)
+                 WHEN NOT EXISTS (SELECT 1 FROM deliveries WHERE sub_uid = ?1 AND state = 1)
+                 THEN (SELECT due_ms FROM deliveries WHERE sub_uid = ?1 AND state = 0
+                       ORDER BY id LIMIT 1)
+             END
              FROM subscriptions WHERE uid = ?1 AND live = 1 AND paused = 0 AND disabled = 0",
         )?
         .query_row([uid], |r| r.get(0))
@@ -1050,7 +1082,6 @@ fn next_due(conn: &Connection, uid: &str) -> rusqlite::Result<Option<i64>> {
     Ok(due.flatten())
 }
 
-/// The claim, fenced by liveness and, with several replicas, by the shard's lease epoch.
 fn claim_due(
     conn: &Connection,
     uid: String,
@@ -1149,6 +1180,7 @@ mod tests {
             paused: false,
             disable_after: 0,
             shard: 0,
+            strict_order: false,
         };
         let uids = ["a", "b"];
         for uid in uids {
@@ -1242,6 +1274,7 @@ mod tests {
                 paused: true,
                 disable_after: 0,
                 shard: 0,
+                strict_order: false,
             })
             .await
             .unwrap();

@@ -12,6 +12,7 @@ fn sub(uid: &str) -> SubscriptionRecord {
         paused: false,
         disable_after: 0,
         shard: 0,
+        strict_order: false,
     }
 }
 
@@ -66,6 +67,7 @@ pub async fn run(store: &dyn Store) {
     removal_purges_and_fences_forever(store).await;
     completion_counts_and_auto_disables(store).await;
     gone_disables_at_once(store).await;
+    strict_order_settles_each_event_first(store).await;
     dead_letters_list_and_replay(store).await;
     in_flight_is_recovered(store).await;
     pause_blocks_claims(store).await;
@@ -349,6 +351,92 @@ async fn gone_disables_at_once(store: &dyn Store) {
     assert!(!state.disabled && !state.gone, "{state:?}");
     assert_eq!(claim(store, "g1", 200).await.event_id, "evt-g2");
     store.remove_subscription("g1").await.unwrap();
+}
+
+/// Under strict order a claim takes only the oldest unsettled delivery, and only while none
+/// is in flight; a retry holds back later events until it is delivered or dead-lettered,
+/// and every answer says when the lane's next claim can succeed.
+async fn strict_order_settles_each_event_first(store: &dyn Store) {
+    let strict = SubscriptionRecord {
+        strict_order: true,
+        ..sub("strict1")
+    };
+    store.upsert_subscription(strict.clone()).await.unwrap();
+    assert_eq!(
+        store
+            .live_subscriptions()
+            .await
+            .unwrap()
+            .iter()
+            .find(|s| s.uid == "strict1"),
+        Some(&strict)
+    );
+    for i in 0..3 {
+        store
+            .publish(event(&format!("evt-so{i}"), 100), vec!["strict1".into()])
+            .await
+            .unwrap();
+    }
+    let first = claim(store, "strict1", 100).await;
+    assert_eq!(first.event_id, "evt-so0");
+    assert_eq!(
+        idle(store, "strict1", 100).await,
+        None,
+        "one in flight holds the lane"
+    );
+    let done = store
+        .complete(
+            first.claim_ref(),
+            attempt(101, "Transient", Some(500)),
+            Next::Retry { due_ms: 500 },
+        )
+        .await
+        .unwrap();
+    assert_eq!(done.next_due_ms, Some(500), "the retry stays the oldest");
+    assert_eq!(
+        idle(store, "strict1", 200).await,
+        Some(500),
+        "later events wait"
+    );
+    let again = claim(store, "strict1", 500).await;
+    assert_eq!((again.event_id.as_str(), again.attempt), ("evt-so0", 2));
+    let (done, following) = store
+        .complete_and_claim(
+            again.claim_ref(),
+            attempt(501, "Accepted", Some(204)),
+            Next::Delivered,
+            Some(600),
+        )
+        .await
+        .unwrap();
+    let second = following.expect("the next event, claimed with the record");
+    assert_eq!(second.event_id, "evt-so1");
+    assert_eq!(done.next_due_ms, None, "claimed with the record: in flight");
+    let done = store
+        .complete(
+            second.claim_ref(),
+            attempt(601, "Terminal", Some(400)),
+            Next::DeadLetter,
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        done.next_due_ms,
+        Some(100),
+        "dead-lettered: the lane moves on"
+    );
+    assert_eq!(claim(store, "strict1", 700).await.event_id, "evt-so2");
+    // Unordered again: the flag follows the spec.
+    store.upsert_subscription(sub("strict1")).await.unwrap();
+    assert!(
+        !store
+            .live_subscriptions()
+            .await
+            .unwrap()
+            .iter()
+            .any(|s| s.uid == "strict1" && s.strict_order)
+    );
+    store.remove_subscription("strict1").await.unwrap();
 }
 
 async fn dead_letters_list_and_replay(store: &dyn Store) {

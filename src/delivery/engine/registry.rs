@@ -65,6 +65,7 @@ impl Engine {
                 name: config.name.to_string(),
                 paused: config.held(),
                 disable_after: config.disable_after,
+                strict_order: config.strict_order,
                 shard: self.ownership.get().map_or(0, |o| o.shard_of(&config.uid)),
             })
             .await?;

@@ -97,6 +97,9 @@ struct Queued {
 /// The publish queue; the committers stop once it is dropped.
 pub(super) struct GroupCommit {
     queue: mpsc::Sender<Queued>,
+    /// Publishes handed to the committers so far.
+    #[cfg(test)]
+    sent: std::sync::atomic::AtomicUsize,
 }
 
 impl GroupCommit {
@@ -107,13 +110,17 @@ impl GroupCommit {
         for _ in 0..COMMITTERS {
             tokio::spawn(committer(pool.clone(), queued.clone()));
         }
-        Self { queue }
+        Self {
+            queue,
+            #[cfg(test)]
+            sent: Default::default(),
+        }
     }
 
-    /// Publishes waiting for a committer.
+    /// Publishes handed to the committers so far.
     #[cfg(test)]
-    pub(super) fn queued(&self) -> usize {
-        self.queue.max_capacity() - self.queue.capacity()
+    pub(super) fn sent(&self) -> usize {
+        self.sent.load(std::sync::atomic::Ordering::Acquire)
     }
 
     /// Publishes `event` to `targets` (each once) in the next group commit, answering once
@@ -134,6 +141,8 @@ impl GroupCommit {
                 .send(queued)
                 .await
                 .map_err(|_| Error::Unavailable("the PostgreSQL store is closed".into()))?;
+            #[cfg(test)]
+            self.sent.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
             answered.await.map_err(|_| {
                 Error::Backend("the publish's commit stopped before it answered".into())
             })?

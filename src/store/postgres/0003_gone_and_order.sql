@@ -1,0 +1,11 @@
+-- Delivery features of issue 25.
+--
+-- A subscription disabled because its receiver answered 410 Gone, rather than after
+-- consecutive failures: its status says why. A re-enable clears it.
+ALTER TABLE subscriptions ADD COLUMN gone BOOLEAN NOT NULL DEFAULT false;
+
+-- spec.delivery.ordering: strict. A claim then takes only the subscription's oldest pending
+-- delivery (by id, the publish order), found through deliveries_order rather than by
+-- reading its whole backlog. Claimed deliveries leave the index, so it holds what waits.
+ALTER TABLE subscriptions ADD COLUMN strict_order BOOLEAN NOT NULL DEFAULT false;
+CREATE INDEX deliveries_order ON deliveries (sub_uid, id) WHERE state = 0;
