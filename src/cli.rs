@@ -34,6 +34,9 @@ pub(crate) enum Command {
     Sign(SignArgs),
     /// Check a received request's signature headers; exit 0 when valid, 1 with the reason.
     Verify(VerifyArgs),
+    /// Print the public key (`whpk_...`) of an ed25519 private key (`whsk_...`), for
+    /// receivers.
+    PublicKey(PublicKeyArgs),
     /// Run herald: the delivery engine and the ingest API.
     Run(Box<RunArgs>),
     /// A small receiver for trying herald out: verifies each delivery and prints it.
@@ -60,7 +63,8 @@ pub(crate) struct SchemeArgs {
     /// Signature scheme.
     #[arg(long, value_enum, default_value = "standard-webhooks")]
     pub(crate) scheme: SchemeArg,
-    /// Signing secret; repeat it while rotating (each secret adds a signature).
+    /// Signing secret (`whsec_...`, or an ed25519 private key `whsk_...`; to verify, its
+    /// public key `whpk_...` will do); repeat it while rotating (each adds a signature).
     #[arg(
         long = "secret",
         required = true,
@@ -79,6 +83,15 @@ pub(crate) struct SchemeArgs {
 impl SchemeArgs {
     pub(crate) fn signer(&self) -> anyhow::Result<Signer> {
         Ok(Signer::new(
+            self.scheme.into(),
+            &self.secrets,
+            Some(&self.signature_header),
+        )?)
+    }
+
+    /// A verifier, which may hold public keys (`whpk_`).
+    pub(crate) fn verifier(&self) -> anyhow::Result<Signer> {
+        Ok(Signer::verifier(
             self.scheme.into(),
             &self.secrets,
             Some(&self.signature_header),
@@ -122,6 +135,13 @@ pub(crate) struct VerifyArgs {
     /// Largest accepted distance between the signature's timestamp and now, in seconds.
     #[arg(long, default_value_t = DEFAULT_TOLERANCE.as_secs())]
     pub(crate) tolerance: u64,
+}
+
+#[derive(clap::Args, Debug)]
+pub(crate) struct PublicKeyArgs {
+    /// The private key, `whsk_<base64 of 32 random bytes>`.
+    #[arg(long, env = "HERALD_SECRET", hide_env_values = true)]
+    pub(crate) secret: String,
 }
 
 fn parse_header(raw: &str) -> Result<(String, String), String> {
@@ -353,7 +373,7 @@ pub enum LogFormat {
 
 #[derive(Args, Debug)]
 pub struct ReceiveArgs {
-    /// The subscription's signing secret.
+    /// The subscription's signing secret (for ed25519, its public key `whpk_...` will do).
     #[arg(long, env = "HERALD_SECRET", hide_env_values = true)]
     pub(crate) secret: String,
     #[arg(long, value_enum, default_value = "standard-webhooks")]

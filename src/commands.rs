@@ -1,4 +1,4 @@
-//! What each subcommand does: the offline tools (`crds`, `sign`, `verify`) here, the
+//! What each subcommand does: the offline tools (`crds`, `sign`, `verify`, `public-key`) here, the
 //! server (`run`) and the trial receiver (`receive`) in [`crate::run`].
 
 use std::io::Write;
@@ -6,7 +6,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use crate::api::crdgen;
-use crate::cli::{Cli, Command, SignArgs, VerifyArgs};
+use crate::cli::{Cli, Command, PublicKeyArgs, SignArgs, VerifyArgs};
 use crate::signing::unix_now;
 
 /// Runs the subcommand `cli` names.
@@ -15,6 +15,7 @@ pub fn execute(cli: Cli) -> ExitCode {
         Command::Crds => crds(),
         Command::Sign(args) => sign(args),
         Command::Verify(args) => return verify(args),
+        Command::PublicKey(args) => public_key(args),
         Command::Run(args) => crate::run::run(*args),
         Command::Receive(args) => crate::run::receive(args),
     };
@@ -43,9 +44,22 @@ fn sign(args: SignArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+fn public_key(args: PublicKeyArgs) -> anyhow::Result<()> {
+    let signer = crate::signing::Signer::new(
+        crate::api::SigningScheme::StandardWebhooks,
+        &[args.secret.as_str()],
+        None,
+    )?;
+    match signer.public_keys().as_slice() {
+        [key] => println!("{key}"),
+        _ => anyhow::bail!("--secret is not an ed25519 private key (whsk_...)"),
+    }
+    Ok(())
+}
+
 fn verify(args: VerifyArgs) -> ExitCode {
     let outcome = (|| -> anyhow::Result<()> {
-        let signer = args.scheme.signer()?;
+        let signer = args.scheme.verifier()?;
         let body = args.scheme.body()?;
         let headers = args.headers.iter().map(|(n, v)| (n.as_str(), v.as_str()));
         signer.verify(

@@ -528,7 +528,7 @@ async fn log_notices(engine: Arc<Engine>) {
 pub fn receive(args: ReceiveArgs) -> anyhow::Result<()> {
     init_logging(LogFormat::Text, None);
     let scheme: SigningScheme = args.scheme.into();
-    let signer = Arc::new(Signer::new(
+    let signer = Arc::new(Signer::verifier(
         scheme,
         &[args.secret.as_str()],
         Some(&args.signature_header),

@@ -6,6 +6,8 @@ mod support;
 
 use std::time::Duration;
 
+use base64::Engine;
+use base64::engine::general_purpose::STANDARD as BASE64;
 use herald::api::SigningScheme;
 use herald::signing::Signer;
 use serde_json::{Value, json};
@@ -1134,4 +1136,89 @@ async fn strict_order_holds_later_events_behind_a_retry() {
         7,
         "an attempt after all were delivered"
     );
+}
+
+/// Standard Webhooks v1a: a Secret holding an ed25519 private key (and, rotating in, an HMAC
+/// secret beside it) signs every attempt so that a receiver holding only the public key
+/// verifies it; the attempt history and the state herald serves show no key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ed25519_deliveries_verify_with_the_public_key_alone() {
+    let private = format!("whsk_{}", BASE64.encode([42u8; 32]));
+    let public = Signer::new(SigningScheme::StandardWebhooks, &[&private], None)
+        .unwrap()
+        .public_keys();
+    assert_eq!(public.len(), 1);
+    let receiver = Receiver::start().await;
+    let keys = json!({
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {"name": "ed-keys", "namespace": NS},
+        "stringData": {"private": private, "hmac": SECRET},
+    });
+    let spec = json!({"signing": {
+        "secretRef": {"name": "ed-keys", "key": "private"},
+        "additionalSecretRefs": [{"name": "ed-keys", "key": "hmac"}],
+    }});
+    let herald = Herald::start(
+        &[
+            keys,
+            subscription(NS, "ed", &receiver.url("/ed"), &["*"], spec),
+        ],
+        ALLOW_LOOPBACK,
+    );
+    herald
+        .publish(
+            NS,
+            json!({"id": "ed-1", "type": "order.paid", "data": {"n": 1}}),
+        )
+        .await;
+    let hits = receiver
+        .wait_until("the delivery", Duration::from_secs(30), |h| !h.is_empty())
+        .await;
+    let signature = hits[0].header("webhook-signature");
+    let versions: Vec<&str> = signature
+        .split(' ')
+        .map(|e| e.split(',').next().unwrap())
+        .collect();
+    assert_eq!(versions, ["v1a", "v1"], "{signature}");
+    let pairs: Vec<(&str, &str)> = hits[0]
+        .headers
+        .iter()
+        .map(|(k, v)| (k.as_str(), v.as_str()))
+        .collect();
+    let verifier = Signer::verifier(SigningScheme::StandardWebhooks, &public, None).unwrap();
+    verifier
+        .verify(
+            pairs.clone(),
+            &hits[0].body,
+            herald::signing::unix_now(),
+            Duration::from_secs(300),
+        )
+        .expect("the public key verifies the delivery");
+    assert!(
+        verifier
+            .verify(
+                pairs,
+                b"{}",
+                herald::signing::unix_now(),
+                Duration::from_secs(300)
+            )
+            .is_err()
+    );
+    settled(&herald, "ed", 1).await;
+    let (_, attempts) = herald
+        .get(&format!(
+            "/v1/namespaces/{NS}/subscriptions/ed/attempts?state=all"
+        ))
+        .await;
+    let (_, state) = herald
+        .get(&format!("/v1/namespaces/{NS}/subscriptions/ed"))
+        .await;
+    let secret_text = &private["whsk_".len()..];
+    for shown in [attempts.to_string(), state.to_string(), herald.log()] {
+        assert!(
+            !shown.contains(secret_text),
+            "the private key was shown: {shown}"
+        );
+    }
 }

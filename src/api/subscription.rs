@@ -161,8 +161,11 @@ fn default_disable_after() -> u32 {
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
 #[serde(rename_all = "kebab-case")]
 pub enum SigningScheme {
-    /// Standard Webhooks v1: headers webhook-id, webhook-timestamp and webhook-signature
-    /// ("v1,<base64 HMAC-SHA256 of id.timestamp.body>"); the secret is "whsec_<base64>".
+    /// Standard Webhooks: headers webhook-id, webhook-timestamp and webhook-signature
+    /// ("v1,<base64 HMAC-SHA256 of id.timestamp.body>") with a secret "whsec_<base64>", or
+    /// with an ed25519 private key "whsk_<base64 of a 32-byte seed>" ("v1a,<base64
+    /// signature of id.timestamp.body>"), which receivers verify with its public key
+    /// "whpk_..." (herald public-key prints it), so nothing they hold can forge.
     #[default]
     StandardWebhooks,
     /// Stripe-compatible: one header (default Herald-Signature) "t=<unix>,v1=<hex HMAC-SHA256

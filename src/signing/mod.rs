@@ -1,5 +1,5 @@
-//! Webhook signatures: HMAC-SHA256 in the Standard Webhooks scheme (the default) and in a
-//! Stripe-compatible scheme. One signer per scheme, used by delivery and by the CLI alike.
+//! Webhook signatures: HMAC-SHA256 or ed25519 in the Standard Webhooks scheme (the default)
+//! and HMAC-SHA256 in a Stripe-compatible scheme. One signer per scheme, used by delivery and by the CLI alike.
 //!
 //! Every attempt is signed with every configured secret, so receivers can move from an old
 //! secret to a new one without a gap. Verification compares in constant time and refuses
@@ -110,6 +110,29 @@ impl Signer {
                 header.unwrap_or(stripe::DEFAULT_HEADER),
             )?),
         })
+    }
+
+    /// As [`Signer::new`] for a receiver: Standard Webhooks keys may also be public keys
+    /// (`whpk_`), which verify `v1a` signatures and sign nothing.
+    pub fn verifier(
+        scheme: SigningScheme,
+        secrets: &[impl AsRef<str>],
+        header: Option<&str>,
+    ) -> Result<Self, SignatureError> {
+        match scheme {
+            SigningScheme::StandardWebhooks => Ok(Self::StandardWebhooks(
+                standard_webhooks::Signer::verifier(secrets.iter().map(AsRef::as_ref))?,
+            )),
+            SigningScheme::Stripe => Self::new(scheme, secrets, header),
+        }
+    }
+
+    /// The public keys (`whpk_`) receivers verify its ed25519 signatures with.
+    pub fn public_keys(&self) -> Vec<String> {
+        match self {
+            Self::StandardWebhooks(s) => s.public_keys(),
+            Self::Stripe(_) => Vec::new(),
+        }
     }
 
     /// The signature headers for one attempt. `id` is the event id, stable across retries.

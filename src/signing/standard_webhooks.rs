@@ -1,10 +1,15 @@
 //! Standard Webhooks v1 (symmetric): `webhook-signature: v1,<base64(HMAC-SHA256(key,
-//! "{id}.{timestamp}.{body}"))>`, with the secret given as `whsec_<base64 key>`.
+//! "{id}.{timestamp}.{body}"))>`, with the secret given as `whsec_<base64 key>`; and v1a
+//! (asymmetric, as Svix ships it): `v1a,<base64(ed25519 signature of the same content)>`,
+//! signed with a private key `whsk_<base64>` and verified with the public key
+//! `whpk_<base64>`, so a receiver holds nothing that can forge.
 
+use std::fmt;
 use std::time::Duration;
 
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD as BASE64;
+use ed25519_dalek::{Signature, Signer as _, SigningKey, VerifyingKey};
 
 use super::{Header, Key, SignatureError, check_timestamp, header, parse_timestamp};
 
@@ -14,19 +19,64 @@ pub const SIGNATURE_HEADER: &str = "webhook-signature";
 /// The prefix Standard Webhooks secrets carry; optional on input, as in the reference
 /// libraries.
 pub const SECRET_PREFIX: &str = "whsec_";
+/// The prefix of an ed25519 private key (the 32-byte seed, or the seed and the public key:
+/// 64 bytes, as libsodium keeps it).
+pub const PRIVATE_KEY_PREFIX: &str = "whsk_";
+/// The prefix of an ed25519 public key (32 bytes).
+pub const PUBLIC_KEY_PREFIX: &str = "whpk_";
+
+/// One key of the scheme.
+#[derive(Clone)]
+enum SchemeKey {
+    /// `whsec_`: signs and verifies v1.
+    Hmac(Key),
+    /// `whsk_`: signs v1a, and verifies it with its public half.
+    Private(Box<SigningKey>),
+    /// `whpk_`: verifies v1a only.
+    Public(VerifyingKey),
+}
+
+impl fmt::Debug for SchemeKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Hmac(key) => key.fmt(f),
+            Self::Private(_) => f.write_str("Ed25519PrivateKey(<redacted>)"),
+            Self::Public(key) => write!(f, "Ed25519PublicKey({})", public_key_text(key)),
+        }
+    }
+}
 
 /// Signs and verifies with one or more keys (the first is current, the rest are being
 /// rotated in or out).
 #[derive(Clone, Debug)]
 pub struct Signer {
-    keys: Vec<Key>,
+    keys: Vec<SchemeKey>,
 }
 
 impl Signer {
+    /// A signer: every key must be able to sign (`whsec_` or `whsk_`).
     pub fn new<'a>(secrets: impl IntoIterator<Item = &'a str>) -> Result<Self, SignatureError> {
+        let signer = Self::verifier(secrets)?;
+        if signer
+            .keys
+            .iter()
+            .any(|k| matches!(k, SchemeKey::Public(_)))
+        {
+            return Err(SignatureError::InvalidSecret(format!(
+                "a public key ({PUBLIC_KEY_PREFIX}) cannot sign; the Secret must hold the private \
+                 key ({PRIVATE_KEY_PREFIX}), and receivers the public one"
+            )));
+        }
+        Ok(signer)
+    }
+
+    /// A verifier, which may also hold public keys (`whpk_`).
+    pub fn verifier<'a>(
+        secrets: impl IntoIterator<Item = &'a str>,
+    ) -> Result<Self, SignatureError> {
         let keys = secrets
             .into_iter()
-            .map(parse_secret)
+            .map(parse_key)
             .collect::<Result<Vec<_>, _>>()?;
         if keys.is_empty() {
             return Err(SignatureError::InvalidSecret("no secret given".into()));
@@ -34,13 +84,32 @@ impl Signer {
         Ok(Self { keys })
     }
 
-    /// `v1,<sig>` for each key, space-separated, in key order.
+    /// The public keys (`whpk_`) of its ed25519 keys, for receivers; never anything secret.
+    pub fn public_keys(&self) -> Vec<String> {
+        self.keys
+            .iter()
+            .filter_map(|key| match key {
+                SchemeKey::Hmac(_) => None,
+                SchemeKey::Private(key) => Some(public_key_text(&key.verifying_key())),
+                SchemeKey::Public(key) => Some(public_key_text(key)),
+            })
+            .collect()
+    }
+
+    /// `v1,<sig>` or `v1a,<sig>` for each key that signs, space-separated, in key order.
     pub fn signature(&self, id: &str, timestamp: i64, body: &[u8]) -> String {
         let timestamp = timestamp.to_string();
         let parts = signed_content(id, &timestamp, body);
         self.keys
             .iter()
-            .map(|key| format!("v1,{}", BASE64.encode(key.mac(&parts))))
+            .filter_map(|key| match key {
+                SchemeKey::Hmac(key) => Some(format!("v1,{}", BASE64.encode(key.mac(&parts)))),
+                SchemeKey::Private(key) => Some(format!(
+                    "v1a,{}",
+                    BASE64.encode(key.sign(&parts.concat()).to_bytes())
+                )),
+                SchemeKey::Public(_) => None,
+            })
             .collect::<Vec<_>>()
             .join(" ")
     }
@@ -53,8 +122,9 @@ impl Signer {
         ]
     }
 
-    /// Accepts when any `v1` entry matches any key and the timestamp is within tolerance.
-    /// Entries of other versions (`v1a`, `v2`) are skipped, as the specification says.
+    /// Accepts when any `v1` entry matches an HMAC key, or any `v1a` entry verifies under an
+    /// ed25519 key, and the timestamp is within tolerance. Entries of other versions are
+    /// skipped, as the specification says.
     pub fn verify<'a>(
         &self,
         headers: impl IntoIterator<Item = (&'a str, &'a str)> + Clone,
@@ -71,6 +141,7 @@ impl Signer {
         let signatures = header(headers, SIGNATURE_HEADER)?;
 
         let mut candidates = Vec::new();
+        let mut asymmetric = Vec::new();
         for entry in signatures.split(' ').filter(|e| !e.is_empty()) {
             let Some((version, signature)) = entry.split_once(',') else {
                 return Err(malformed(
@@ -78,28 +149,93 @@ impl Signer {
                     "an entry is not of the form <version>,<signature>",
                 ));
             };
-            if version != "v1" {
-                continue;
+            match version {
+                "v1" => candidates.push(BASE64.decode(signature).map_err(|_| {
+                    malformed(SIGNATURE_HEADER, "a v1 signature is not valid base64")
+                })?),
+                // One that is not 64 bytes of base64 is skipped, as before v1a was known
+                // here: it must not refuse a valid v1 beside it.
+                "v1a" => asymmetric.extend(BASE64.decode(signature).ok().and_then(|b| {
+                    <[u8; 64]>::try_from(b.as_slice())
+                        .ok()
+                        .map(|b| Signature::from_bytes(&b))
+                })),
+                _ => {}
             }
-            let decoded = BASE64
-                .decode(signature)
-                .map_err(|_| malformed(SIGNATURE_HEADER, "a v1 signature is not valid base64"))?;
-            candidates.push(decoded);
         }
-        if candidates.is_empty() {
+        if candidates.is_empty() && asymmetric.is_empty() {
             return Err(SignatureError::NoSignatures(SIGNATURE_HEADER.into()));
         }
 
         let parts = signed_content(id, timestamp_text, body);
-        let matched = self
-            .keys
-            .iter()
-            .any(|key| candidates.iter().any(|c| key.verify(&parts, c)));
+        let content = parts.concat();
+        let ed25519 = |key: &VerifyingKey| {
+            asymmetric
+                .iter()
+                .any(|s| key.verify_strict(&content, s).is_ok())
+        };
+        let matched = self.keys.iter().any(|key| match key {
+            SchemeKey::Hmac(key) => candidates.iter().any(|c| key.verify(&parts, c)),
+            SchemeKey::Private(key) => ed25519(&key.verifying_key()),
+            SchemeKey::Public(key) => ed25519(key),
+        });
         if !matched {
             return Err(SignatureError::NoMatchingSignature);
         }
         check_timestamp(timestamp, now, tolerance)
     }
+}
+
+/// `whsk_` (a private key), `whpk_` (a public key), or else an HMAC secret.
+fn parse_key(secret: &str) -> Result<SchemeKey, SignatureError> {
+    let trimmed = secret.trim();
+    let decode = |encoded: &str, what: &str| {
+        BASE64
+            .decode(encoded)
+            .map_err(|_| SignatureError::InvalidSecret(format!("{what} is not valid base64")))
+    };
+    if let Some(encoded) = trimmed.strip_prefix(PRIVATE_KEY_PREFIX) {
+        let bytes = decode(encoded, "a private key (whsk_)")?;
+        let seed: [u8; 32] = bytes
+            .get(..32)
+            .filter(|_| matches!(bytes.len(), 32 | 64))
+            .and_then(|b| b.try_into().ok())
+            .ok_or_else(|| {
+                SignatureError::InvalidSecret(
+                    "a private key (whsk_) is 32 bytes (the seed) or 64 (seed and public key)"
+                        .into(),
+                )
+            })?;
+        let key = SigningKey::from_bytes(&seed);
+        if bytes.len() == 64 && bytes[32..] != key.verifying_key().to_bytes() {
+            return Err(SignatureError::InvalidSecret(
+                "a private key's (whsk_) last 32 bytes are not its public key".into(),
+            ));
+        }
+        return Ok(SchemeKey::Private(Box::new(key)));
+    }
+    if let Some(encoded) = trimmed.strip_prefix(PUBLIC_KEY_PREFIX) {
+        let bytes = decode(encoded, "a public key (whpk_)")?;
+        return <[u8; 32]>::try_from(bytes.as_slice())
+            .ok()
+            .and_then(|b| VerifyingKey::from_bytes(&b).ok())
+            .map(SchemeKey::Public)
+            .ok_or_else(|| {
+                SignatureError::InvalidSecret(
+                    "a public key (whpk_) is 32 bytes of a valid ed25519 point".into(),
+                )
+            });
+    }
+    parse_secret(trimmed).map(SchemeKey::Hmac)
+}
+
+fn public_key_text(key: &VerifyingKey) -> String {
+    format!("{PUBLIC_KEY_PREFIX}{}", BASE64.encode(key.to_bytes()))
+}
+
+/// A fresh ed25519 private key (`whsk_`, the 32-byte seed) from random bytes.
+pub fn generate_private_key(seed: [u8; 32]) -> String {
+    format!("{PRIVATE_KEY_PREFIX}{}", BASE64.encode(seed))
 }
 
 /// `whsec_<base64>` (or bare base64) into key bytes.
@@ -336,5 +472,114 @@ mod tests {
         assert!(Signer::new(["whsec_not base64"]).is_err());
         assert!(Signer::new(["whsec_"]).is_err());
         assert!(Signer::new(std::iter::empty()).is_err());
+    }
+
+    // RFC 8032, section 7.1, TEST 2: a seed and its public key.
+    const RFC_SEED: &str = "4ccd089b28ff96da9db6c346ec114e0f5b8a319f35aba624da8cf6ed4fb8a6fb";
+    const RFC_PUBLIC: &str = "3d4017c3e843895a92b70aa74d1b7ebc9c982ccf2ec4968cc0cd55f12af4660c";
+
+    fn hex_key(prefix: &str, hex_text: &str) -> String {
+        format!("{prefix}{}", BASE64.encode(hex::decode(hex_text).unwrap()))
+    }
+
+    #[test]
+    fn an_ed25519_private_key_gives_the_rfc_public_key_and_hides_itself() {
+        let private = hex_key(PRIVATE_KEY_PREFIX, RFC_SEED);
+        let public = hex_key(PUBLIC_KEY_PREFIX, RFC_PUBLIC);
+        let signer = Signer::new([private.as_str()]).unwrap();
+        assert_eq!(signer.public_keys(), [public.clone()]);
+        // The libsodium form (seed, then public key) is the same key.
+        let long = hex_key(PRIVATE_KEY_PREFIX, &format!("{RFC_SEED}{RFC_PUBLIC}"));
+        assert_eq!(
+            Signer::new([long.as_str()]).unwrap().public_keys(),
+            [public]
+        );
+        let shown = format!("{signer:?}");
+        assert!(!shown.contains(&private[5..15]), "{shown}");
+        assert!(shown.contains("redacted"), "{shown}");
+    }
+
+    /// v1a: signed with the private key, verified with the public key alone; a body, id or
+    /// timestamp changed, another key, or a mangled signature fails.
+    #[test]
+    fn v1a_signs_with_the_private_key_and_verifies_with_the_public_one() {
+        let private = hex_key(PRIVATE_KEY_PREFIX, RFC_SEED);
+        let public = hex_key(PUBLIC_KEY_PREFIX, RFC_PUBLIC);
+        let sender = Signer::new([private.as_str()]).unwrap();
+        let sig = sender.signature(ID, TIMESTAMP, BODY);
+        assert!(sig.starts_with("v1a,") && !sig.contains(' '), "{sig}");
+        let receiver = Signer::verifier([public.as_str()]).unwrap();
+        let ts = TIMESTAMP.to_string();
+        receiver
+            .verify(headers(ID, &ts, &sig), BODY, TIMESTAMP, TOL)
+            .unwrap();
+        let no_match = Err(SignatureError::NoMatchingSignature);
+        assert_eq!(
+            receiver.verify(headers(ID, &ts, &sig), b"{}", TIMESTAMP, TOL),
+            no_match
+        );
+        assert_eq!(
+            receiver.verify(headers("msg_other", &ts, &sig), BODY, TIMESTAMP, TOL),
+            no_match
+        );
+        let other = Signer::new([generate_private_key([9; 32]).as_str()]).unwrap();
+        let other_public = other.public_keys();
+        assert_eq!(
+            Signer::verifier([other_public[0].as_str()])
+                .unwrap()
+                .verify(headers(ID, &ts, &sig), BODY, TIMESTAMP, TOL),
+            no_match
+        );
+        // An HMAC secret does not accept a v1a signature, nor a public key a v1 one.
+        assert_eq!(
+            signer().verify(headers(ID, &ts, &sig), BODY, TIMESTAMP, TOL),
+            no_match
+        );
+        assert_eq!(
+            receiver.verify(headers(ID, &ts, EXPECTED), BODY, TIMESTAMP, TOL),
+            no_match
+        );
+        assert_eq!(
+            receiver.verify(headers(ID, &ts, "v1a,AAAA"), BODY, TIMESTAMP, TOL),
+            Err(SignatureError::NoSignatures(SIGNATURE_HEADER.into()))
+        );
+    }
+
+    /// Moving from HMAC to ed25519 (or between two ed25519 keys): both signatures go out,
+    /// and a receiver holding either key accepts.
+    #[test]
+    fn rotation_mixes_v1_and_v1a() {
+        let private = generate_private_key([3; 32]);
+        let both = Signer::new([SECRET, private.as_str()]).unwrap();
+        let sig = both.signature(ID, TIMESTAMP, BODY);
+        let entries: Vec<&str> = sig
+            .split(' ')
+            .map(|e| e.split(',').next().unwrap())
+            .collect();
+        assert_eq!(entries, ["v1", "v1a"]);
+        let ts = TIMESTAMP.to_string();
+        signer()
+            .verify(headers(ID, &ts, &sig), BODY, TIMESTAMP, TOL)
+            .unwrap();
+        let public = both.public_keys();
+        Signer::verifier([public[0].as_str()])
+            .unwrap()
+            .verify(headers(ID, &ts, &sig), BODY, TIMESTAMP, TOL)
+            .unwrap();
+    }
+
+    #[test]
+    fn bad_ed25519_keys_are_refused() {
+        let public = hex_key(PUBLIC_KEY_PREFIX, RFC_PUBLIC);
+        let refused = Signer::new([public.as_str()]).unwrap_err().to_string();
+        assert!(refused.contains("cannot sign"), "{refused}");
+        for bad in [
+            "whsk_not base64".to_string(),
+            hex_key(PRIVATE_KEY_PREFIX, "00ff"),
+            hex_key(PRIVATE_KEY_PREFIX, &format!("{RFC_SEED}{RFC_SEED}")),
+            hex_key(PUBLIC_KEY_PREFIX, "00ff"),
+        ] {
+            assert!(Signer::verifier([bad.as_str()]).is_err(), "{bad}");
+        }
     }
 }

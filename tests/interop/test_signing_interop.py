@@ -1,7 +1,8 @@
 """herald's signatures against the reference verifiers of each scheme, both ways.
 
-herald signs -> the `standardwebhooks` / `stripe` packages verify;
-those packages sign -> `herald verify` accepts, and refuses tampering.
+herald signs -> the `standardwebhooks` / `stripe` packages (and, for ed25519, the
+`cryptography` package) verify; those packages sign -> `herald verify` accepts, and refuses
+tampering.
 HERALD_BIN names the herald binary (the test command builds it).
 """
 
@@ -15,6 +16,9 @@ from datetime import datetime, timezone
 
 import pytest
 import stripe
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 from standardwebhooks.webhooks import Webhook, WebhookVerificationError
 
 HERALD = os.environ.get("HERALD_BIN", "target/debug/herald")
@@ -128,6 +132,68 @@ def test_herald_refuses_a_standardwebhooks_signature_outside_tolerance():
     late = herald_verify("standard-webhooks", [SW_SECRET], headers, body, now=1_700_000_000 + 301)
     assert late.returncode == 1
     assert b"older than now" in late.stderr
+
+
+# --- Standard Webhooks v1a (ed25519) ----------------------------------------------------
+# Neither the `standardwebhooks` package on PyPI (1.3.0, its newest there) nor `svix` nor the
+# npm package implements v1a, so herald's ed25519 signatures are checked against the
+# `cryptography` package's Ed25519 directly, over the scheme's signed content
+# "{id}.{timestamp}.{body}".
+
+ED_SEED = bytes(range(40, 72))
+ED_SECRET = "whsk_" + base64.b64encode(ED_SEED).decode()
+
+
+def ed_public_bytes(seed):
+    return Ed25519PrivateKey.from_private_bytes(seed).public_key().public_bytes(
+        serialization.Encoding.Raw, serialization.PublicFormat.Raw
+    )
+
+
+ED_PUBLIC = "whpk_" + base64.b64encode(ed_public_bytes(ED_SEED)).decode()
+
+
+def v1a_signatures(header):
+    return [base64.b64decode(e.split(",", 1)[1]) for e in header.split(" ") if e.startswith("v1a,")]
+
+
+def test_herald_public_key_is_the_one_cryptography_derives():
+    result = subprocess.run(
+        [HERALD, "public-key", "--secret", ED_SECRET], capture_output=True, timeout=30
+    )
+    assert result.returncode == 0, result.stderr.decode()
+    assert result.stdout.decode().strip() == ED_PUBLIC
+
+
+@pytest.mark.parametrize("body", BODIES)
+def test_cryptography_verifies_herald_v1a_signatures(body):
+    headers = herald_sign("standard-webhooks", [ED_SECRET], body)
+    (signature,) = v1a_signatures(headers["webhook-signature"])
+    public = Ed25519PublicKey.from_public_bytes(ed_public_bytes(ED_SEED))
+    content = f"{headers['webhook-id']}.{headers['webhook-timestamp']}.".encode() + body.encode()
+    public.verify(signature, content)
+    with pytest.raises(InvalidSignature):
+        public.verify(signature, content + b" ")
+
+
+@pytest.mark.parametrize("body", BODIES)
+def test_herald_verifies_cryptography_v1a_signatures_with_the_public_key(body):
+    msg_id, timestamp = "msg_v1a_interop", int(time.time())
+    content = f"{msg_id}.{timestamp}.".encode() + body.encode()
+    signature = Ed25519PrivateKey.from_private_bytes(ED_SEED).sign(content)
+    headers = {
+        "webhook-id": msg_id,
+        "webhook-timestamp": str(timestamp),
+        "webhook-signature": "v1a," + base64.b64encode(signature).decode(),
+    }
+    result = herald_verify("standard-webhooks", [ED_PUBLIC], headers, body)
+    assert result.returncode == 0, result.stderr.decode()
+    tampered = herald_verify("standard-webhooks", [ED_PUBLIC], headers, body + " ")
+    assert tampered.returncode == 1
+    other = "whpk_" + base64.b64encode(ed_public_bytes(bytes(32))).decode()
+    wrong = herald_verify("standard-webhooks", [other], headers, body)
+    assert wrong.returncode == 1
+    assert b"no signature matches" in wrong.stderr
 
 
 # --- Stripe-compatible -----------------------------------------------------------------
