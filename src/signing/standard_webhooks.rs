@@ -487,7 +487,7 @@ mod tests {
         let private = hex_key(PRIVATE_KEY_PREFIX, RFC_SEED);
         let public = hex_key(PUBLIC_KEY_PREFIX, RFC_PUBLIC);
         let signer = Signer::new([private.as_str()]).unwrap();
-        assert_eq!(signer.public_keys(), [public.clone()]);
+        assert_eq!(signer.public_keys(), [public.as_str()]);
         // The libsodium form (seed, then public key) is the same key.
         let long = hex_key(PRIVATE_KEY_PREFIX, &format!("{RFC_SEED}{RFC_PUBLIC}"));
         assert_eq!(
