@@ -1222,3 +1222,65 @@ async fn ed25519_deliveries_verify_with_the_public_key_alone() {
         );
     }
 }
+
+/// `rateLimit`: 100 events to a subscription limited to 20 a second (burst 5) arrive no
+/// faster than that, in any second and over the whole run, while a subscription of the
+/// same namespace without a limit takes the same 100 at full speed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rate_limit_paces_its_lane_and_no_other() {
+    const EVENTS: usize = 100;
+    let receiver = Receiver::start().await;
+    let limited =
+        json!({"delivery": {"maxInFlight": 8, "rateLimit": {"perSecond": 20, "burst": 5}}});
+    let free = json!({"delivery": {"maxInFlight": 8}});
+    let herald = Herald::start(
+        &[
+            secret(NS),
+            subscription(NS, "limited", &receiver.url("/limited"), &["*"], limited),
+            subscription(NS, "free", &receiver.url("/free"), &["*"], free),
+        ],
+        ALLOW_LOOPBACK,
+    );
+    for n in 0..EVENTS {
+        herald
+            .publish(NS, json!({"id": format!("r{n}"), "type": "order.paid"}))
+            .await;
+    }
+    let hits = receiver
+        .wait_until("every event at both", Duration::from_secs(60), |h| {
+            h.iter().filter(|h| h.path == "/limited").count() == EVENTS
+                && h.iter().filter(|h| h.path == "/free").count() == EVENTS
+        })
+        .await;
+    let at = |path: &str| -> Vec<_> {
+        hits.iter()
+            .filter(|h| h.path == path)
+            .map(|h| h.at)
+            .collect()
+    };
+    let (limited, free) = (at("/limited"), at("/free"));
+    // Over the run: the burst, then 20 a second.
+    let took = limited[EVENTS - 1] - limited[0];
+    println!(
+        "rate limit 20/s, burst 5: {EVENTS} arrived in {took:?}; without a limit in {:?}",
+        free[EVENTS - 1] - free[0]
+    );
+    assert!(
+        took >= Duration::from_millis(4500),
+        "{EVENTS} arrived in {took:?}"
+    );
+    // In any second: at most the burst and 20 more (and the 8 that may be on the wire).
+    for (i, start) in limited.iter().enumerate() {
+        let within = limited[i..]
+            .iter()
+            .take_while(|&&t| t - *start < Duration::from_secs(1))
+            .count();
+        assert!(within <= 5 + 20 + 8, "{within} arrived within a second");
+    }
+    // The other lane was not held back: all of it arrived before the limited lane was
+    // half way.
+    assert!(
+        free[EVENTS - 1] < limited[EVENTS / 2],
+        "the lane without a limit was held back"
+    );
+}

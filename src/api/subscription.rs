@@ -304,6 +304,27 @@ pub struct DeliveryPolicy {
     /// its retries last (maxAttempts, maxDuration).
     #[serde(default)]
     pub ordering: Ordering,
+
+    /// At most this many attempts a second start towards the receiver (with a burst), on
+    /// whichever replica delivers; events beyond it wait in the store. It composes with
+    /// maxInFlight (both hold). Whether set or not, a receiver answering 429, 502 or 504
+    /// slows the subscription down: its pace halves for 30s (condition Degraded, reason
+    /// Throttled, says so).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rate_limit: Option<RateLimit>,
+}
+
+/// Attempts per second towards a receiver.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RateLimit {
+    /// Attempts a second, on average.
+    #[schemars(range(min = 1, max = 100000))]
+    pub per_second: u32,
+    /// How many may start at once after a quiet spell (default: perSecond).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 100000))]
+    pub burst: Option<u32>,
 }
 
 /// The order in which a subscription's events are attempted.
@@ -325,6 +346,7 @@ impl Default for DeliveryPolicy {
             retry: RetryPolicy::default(),
             retry_after_cap: default_retry_after_cap(),
             ordering: Ordering::default(),
+            rate_limit: None,
         }
     }
 }

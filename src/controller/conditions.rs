@@ -70,6 +70,8 @@ pub struct Facts<'a> {
     pub reenable_handled: Option<&'a str>,
     /// Its shard, when replicas divide the subscriptions (`--shard-leases`).
     pub shard: Option<u32>,
+    /// Slowed down by its receiver (429, 502, 504): attempts a second, until (Unix ms).
+    pub slowed: Option<(f64, i64)>,
 }
 
 /// A Kubernetes Event to record for the object.
@@ -192,7 +194,22 @@ pub fn subscription_status(
             now,
         );
     }
-    if failures > 0 {
+    if let Some((per_second, until_ms)) = facts.slowed {
+        let until = Timestamp::from_millisecond(until_ms)
+            .map(|t| t.to_string())
+            .unwrap_or_default();
+        conditions::set(
+            &mut conditions,
+            types::DEGRADED,
+            Status::True,
+            "Throttled",
+            format!(
+                "the receiver asked to slow down (429, 502 or 504): attempts start at most {per_second:.1} a second until {until}; events wait in the store"
+            ),
+            generation,
+            now,
+        );
+    } else if failures > 0 {
         conditions::set(
             &mut conditions,
             types::DEGRADED,
@@ -293,6 +310,7 @@ mod tests {
         paused: bool,
         last: Option<LastAttempt>,
         generation: i64,
+        slowed: Option<(f64, i64)>,
     }
 
     impl Fixture {
@@ -306,6 +324,7 @@ mod tests {
                 paused: false,
                 last: None,
                 generation: 1,
+                slowed: None,
             }
         }
         fn with_problem(mut self, p: Problem) -> Self {
@@ -353,6 +372,7 @@ mod tests {
                     last_attempt: self.last.as_ref(),
                     reenable_handled: None,
                     shard: None,
+                    slowed: self.slowed,
                 },
                 previous,
                 at(now),
@@ -470,6 +490,31 @@ mod tests {
         let (back, events) = Fixture::healthy().status(Some(&status), 20);
         assert_eq!(ready(&back), ("True", "Active"));
         assert_eq!(events[0].reason, "Ready");
+    }
+
+    /// A receiver that asked to slow down shows as Degraded, reason Throttled, with the
+    /// pace and until when; Ready stays True.
+    #[test]
+    fn a_slowed_subscription_says_so_and_stays_ready() {
+        let mut slowed = Fixture::healthy().failing(1);
+        slowed.slowed = Some((2.5, 60_000));
+        let (status, _) = slowed.status(None, 30);
+        assert_eq!(ready(&status), ("True", "Active"));
+        let degraded = conditions::find(&status.conditions, types::DEGRADED).unwrap();
+        assert_eq!(
+            (degraded.status.as_str(), degraded.reason.as_str()),
+            ("True", "Throttled")
+        );
+        assert!(
+            degraded.message.contains("2.5 a second"),
+            "{}",
+            degraded.message
+        );
+        assert!(
+            degraded.message.contains("1970-01-01T00:01:00"),
+            "{}",
+            degraded.message
+        );
     }
 
     #[test]

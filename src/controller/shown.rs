@@ -20,7 +20,7 @@ use crate::api::{LastAttempt, SubscriptionCounters, WebhookSubscriptionStatus};
 const TYPES: [&str; 3] = [types::READY, types::DISABLED, types::DEGRADED];
 const STATUSES: [&str; 3] = ["True", "False", "Unknown"];
 /// Reasons herald writes; another one is kept whole (correct, only bigger).
-const REASONS: [&str; 11] = [
+const REASONS: [&str; 12] = [
     "Active",
     "Paused",
     "AutoDisabled",
@@ -32,6 +32,7 @@ const REASONS: [&str; 11] = [
     "Enabled",
     "DeliveryFailing",
     "Healthy",
+    "Throttled",
 ];
 
 #[derive(Clone, Debug, PartialEq)]
@@ -176,6 +177,7 @@ mod tests {
             last_attempt: None,
             reenable_handled: None,
             shard: None,
+            slowed: None,
         };
         subscription_status(&facts, previous, at(now))
     }

@@ -326,6 +326,7 @@ impl StatusWriter {
             last_attempt: entry.last_attempt.as_deref(),
             reenable_handled: entry.reenable_handled.as_deref(),
             shard,
+            slowed: self.engine.slowed(uid),
         };
         // Computed from what the object shows, so that conditions keep their transition
         // times across restarts and shard moves. Just after a write the watch may not show
@@ -451,6 +452,9 @@ impl StatusWriter {
                 }
                 Ok(
                     Notice::Disabled {
+                        namespace, name, ..
+                    }
+                    | Notice::Slowed {
                         namespace, name, ..
                     }
                     | Notice::Enabled { namespace, name },

@@ -8,6 +8,7 @@ pub mod egress;
 pub mod engine;
 pub mod http;
 pub mod outcome;
+pub mod pace;
 pub mod retry;
 pub mod scheduler;
 pub mod shards;
@@ -45,6 +46,8 @@ pub struct SubscriptionConfig {
     pub width: u32,
     /// `spec.delivery.ordering: strict`: the store claims only the oldest unsettled event.
     pub strict_order: bool,
+    /// `spec.delivery.rateLimit`.
+    pub rate_limit: Option<pace::RateLimit>,
     pub limits: RetryLimits,
     pub headers: Vec<(HeaderName, HeaderValue)>,
     pub paused: bool,
@@ -124,6 +127,10 @@ impl SubscriptionConfig {
                 delivery.max_in_flight.max(1)
             },
             strict_order,
+            rate_limit: delivery.rate_limit.as_ref().map(|l| pace::RateLimit {
+                per_second: l.per_second.max(1),
+                burst: l.burst.unwrap_or(l.per_second).max(1),
+            }),
             limits: RetryLimits {
                 max_attempts: delivery.retry.max_attempts.max(1),
                 max_duration: delivery.retry.max_duration.get(),

@@ -31,6 +31,9 @@ struct Lane {
     queued: bool,
     /// Bumped by every wake, so that a stale "nothing due" cannot cancel a newer wake.
     epoch: u64,
+    /// Waiting for its pace (a rate limit, a slow-down) to allow the next attempt: not
+    /// started, whatever wakes it, until [`Scheduler::unpace`].
+    paced: bool,
 }
 
 #[derive(Debug)]
@@ -125,6 +128,7 @@ impl Scheduler {
                         wants: false,
                         queued: false,
                         epoch: 0,
+                        paced: false,
                     },
                 );
             }
@@ -178,11 +182,28 @@ impl Scheduler {
         }
     }
 
+    /// The lane's pace allows no attempt now: it is not started until [`Scheduler::unpace`]
+    /// (its pace timer), however often it is woken meanwhile.
+    pub fn pace(&mut self, uid: &str) {
+        if let Some(lane) = self.lanes.get_mut(uid) {
+            lane.paced = true;
+        }
+    }
+
+    /// The lane's pace allows an attempt again: it is started as its wants say.
+    pub fn unpace(&mut self, uid: &str) {
+        if let Some(lane) = self.lanes.get_mut(uid)
+            && std::mem::take(&mut lane.paced)
+        {
+            self.enqueue(uid);
+        }
+    }
+
     fn enqueue(&mut self, uid: &str) {
         let Some((uid, lane)) = self.lanes.get_key_value(uid) else {
             return;
         };
-        if lane.queued || !lane.wants || lane.in_flight >= lane.width {
+        if lane.queued || !lane.wants || lane.in_flight >= lane.width || lane.paced {
             return;
         }
         let (uid, namespace) = (uid.clone(), lane.namespace.clone());
@@ -233,7 +254,7 @@ impl Scheduler {
                 continue; // removed while queued
             };
             lane.queued = false;
-            if !lane.wants || lane.in_flight >= lane.width {
+            if !lane.wants || lane.in_flight >= lane.width || lane.paced {
                 self.relist(&namespace);
                 continue;
             }
@@ -259,7 +280,7 @@ impl Scheduler {
         let Some(lane) = self.lanes.get_mut(uid) else {
             return false;
         };
-        if lane.in_flight > 0 || lane.queued || lane.wants {
+        if lane.in_flight > 0 || lane.queued || lane.wants || lane.paced {
             return false;
         }
         let Some(ns) = self.namespaces.get_mut(&lane.namespace) else {
@@ -364,6 +385,28 @@ mod tests {
 
     /// A lane goes on to its next delivery in its slot only while nobody waits for a slot:
     /// another lane of its namespace at the quota, or another namespace for the pool.
+    /// A paced lane is not started, however often it is woken, nor started with a publish,
+    /// until it is unpaced; the other lanes of its namespace start meanwhile.
+    #[test]
+    fn a_paced_lane_waits_for_its_pace() {
+        let mut s = Scheduler::new(4, 8, 4);
+        s.upsert_lane(&"slow".into(), "ns", 2);
+        s.upsert_lane(&"fast".into(), "ns", 1);
+        s.wake("slow");
+        assert_eq!(s.start_next().as_deref(), Some("slow"));
+        s.pace("slow");
+        s.release("slow", "ns");
+        s.wake("slow");
+        s.wake("fast");
+        assert_eq!(s.start_next().as_deref(), Some("fast"));
+        assert_eq!(s.start_next(), None, "the paced lane started");
+        s.idle("slow", s.epoch("slow"));
+        assert!(!s.start_idle("slow"));
+        s.unpace("slow");
+        s.wake("slow");
+        assert_eq!(s.start_next().as_deref(), Some("slow"));
+    }
+
     #[test]
     fn a_lane_goes_on_only_while_nobody_waits() {
         let mut s = Scheduler::new(1, 2, 1);

@@ -97,6 +97,9 @@ impl Engine {
             // Decide.
             let now = now_ms();
             let (next, message) = decide(&config, &claimed, &result, now);
+            if let Some(status @ (429 | 502 | 504)) = result.status {
+                self.slow_down(&config, status, &result, now);
+            }
             let record = AttemptRecord {
                 at_ms: now,
                 outcome: result.outcome.as_str().to_string(),
@@ -149,14 +152,37 @@ impl Engine {
         }
     }
 
+    /// The receiver answered `status` (429, 502, 504): the lane's pace halves for a while,
+    /// and listeners (the status writer) hear of it. Without a pace yet, the lane is taken
+    /// to have gone at its width over this answer's latency.
+    fn slow_down(
+        &self,
+        config: &SubscriptionConfig,
+        status: u16,
+        result: &AttemptResult,
+        now: i64,
+    ) {
+        let hint = f64::from(config.width) / result.latency.as_secs_f64().max(0.001);
+        let (per_second, until_ms) = self.lock().slow_down(config, now, hint);
+        tracing::info!(namespace = %config.namespace, subscription = %config.name, status, per_second, "the receiver asked to slow down: attempts paced");
+        let _ = self.notices.send(Notice::Slowed {
+            namespace: config.namespace.to_string(),
+            name: config.name.to_string(),
+            status_code: status,
+            per_second,
+            until_ms,
+        });
+    }
+
     /// Before an attempt's record: whether it may go on to the lane's next delivery in its
     /// slot (after a delivery, [`crate::delivery::scheduler::Scheduler::may_go_on`]), and
     /// the lane's wake count, as of which the record's answer rests the lane.
     fn before_record(&self, config: &SubscriptionConfig, next: Next) -> (bool, u64) {
-        let inner = self.lock();
+        let mut inner = self.lock();
         let go_on = next == Next::Delivered
             && !self.stopping.load(Ordering::Acquire)
-            && inner.scheduler.may_go_on(&config.uid);
+            && inner.scheduler.may_go_on(&config.uid)
+            && inner.take_pace(config, now_ms()).is_ok();
         (go_on, inner.scheduler.epoch(&config.uid))
     }
 
@@ -268,8 +294,22 @@ impl Engine {
                 return None;
             }
         };
-        // A wake before the claim is for work committed before it, which its answer covers.
-        let epoch = self.lock().scheduler.epoch(uid);
+        // The lane's pace (a rate limit, a slow-down) first: when it allows nothing now, the
+        // lane waits for it without asking the store anything, however often it is woken.
+        let epoch = {
+            let mut inner = self.lock();
+            if let Err(at) = inner.take_pace(config, now_ms()) {
+                inner.scheduler.pace(uid);
+                inner.scheduler.release(uid, &config.namespace);
+                inner.add_timer(uid, at);
+                drop(inner);
+                self.wakeup.notify_one();
+                return None;
+            }
+            // A wake before the claim is for work committed before it, which its answer
+            // covers.
+            inner.scheduler.epoch(uid)
+        };
         let claim = match fence.token() {
             None => self.store.claim_next(uid, now_ms()).await,
             Some(token) => self.store.claim_fenced(uid, now_ms(), token).await,

@@ -76,6 +76,8 @@ impl Engine {
                     if inner.timer_at.get(&uid) == Some(&at) {
                         inner.timer_at.remove(&uid);
                     }
+                    // A paced lane's timer is its pace's: it may start again.
+                    inner.scheduler.unpace(&uid);
                     inner.scheduler.wake(&uid);
                 }
                 let mut starts = Vec::new();

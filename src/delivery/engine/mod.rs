@@ -38,6 +38,7 @@ use super::SubscriptionConfig;
 use super::admission::Admission;
 use super::http::HttpSender;
 use super::outcome::Outcome;
+use super::pace::Pace;
 use super::scheduler::Scheduler;
 use super::shards::Ownership;
 use crate::store::{self, Store, SubscriptionRecord, SubscriptionState};
@@ -121,6 +122,16 @@ pub enum Notice {
         name: String,
         consecutive_failures: u32,
     },
+    /// The receiver asked to slow down (429, 502, 504): attempts start at most
+    /// `per_second` a second until `until_ms` (Unix ms).
+    #[serde(rename_all = "camelCase")]
+    Slowed {
+        namespace: String,
+        name: String,
+        status_code: u16,
+        per_second: f64,
+        until_ms: i64,
+    },
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -195,9 +206,49 @@ struct Inner {
     read_budgets: HashMap<String, (f64, std::time::Instant)>,
     /// Subscription states read through the API, by uid, for [`STATE_TTL`].
     states: HashMap<Arc<str>, (std::time::Instant, SubscriptionState)>,
+    /// The paces of lanes with a rate limit or slowed down by their receiver; a lane with
+    /// neither has none (and no cost).
+    paces: HashMap<Arc<str>, Pace>,
 }
 
 impl Inner {
+    /// Whether the lane's pace lets an attempt start now; otherwise when it will.
+    fn pace_ready(&mut self, config: &SubscriptionConfig, now: i64) -> Result<(), i64> {
+        match self.paces.get_mut(&*config.uid) {
+            Some(pace) => pace.ready(now),
+            None => Ok(()),
+        }
+    }
+
+    /// Takes an attempt's start from the lane's pace; otherwise says when one will be there.
+    fn take_pace(&mut self, config: &SubscriptionConfig, now: i64) -> Result<(), i64> {
+        let pace = match self.paces.get_mut(&*config.uid) {
+            Some(pace) => pace,
+            None if config.rate_limit.is_some() => self
+                .paces
+                .entry(config.uid.clone())
+                .or_insert_with(|| Pace::new(config.rate_limit, now)),
+            None => return Ok(()),
+        };
+        let taken = pace.take(now);
+        if config.rate_limit.is_none() && pace.is_free(now) {
+            self.paces.remove(&*config.uid);
+        }
+        taken
+    }
+
+    /// The receiver asked the lane to slow down; returns the pace in force (attempts a
+    /// second) and until when. `hint`: the rate the lane may have gone at, for a lane whose
+    /// pace counted nothing yet.
+    fn slow_down(&mut self, config: &SubscriptionConfig, now: i64, hint: f64) -> (f64, i64) {
+        let pace = self
+            .paces
+            .entry(config.uid.clone())
+            .or_insert_with(|| Pace::new(config.rate_limit, now));
+        let rate = pace.slow_down(now, hint);
+        (rate, now + crate::delivery::pace::SLOWED_FOR_MS)
+    }
+
     fn add_timer(&mut self, uid: &str, at: i64) {
         if self.timer_at.get(uid).is_some_and(|&t| t <= at) {
             return;
@@ -255,6 +306,7 @@ impl Engine {
                 reads: Admission::new(READS_PER_NAMESPACE),
                 read_budgets: HashMap::new(),
                 states: HashMap::new(),
+                paces: HashMap::new(),
             }),
             config,
             wakeup: Notify::new(),

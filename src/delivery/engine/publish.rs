@@ -190,7 +190,11 @@ impl Engine {
                             .get(uid.as_str())
                             .filter(|c| !c.paused && c.signer.is_some())?;
                         let fence = Fence::take(self.ownership.get(), uid).ok()?;
+                        let config = config.clone();
+                        // A lane its pace holds back is woken as usual instead.
+                        inner.pace_ready(&config, published_ms).ok()?;
                         inner.scheduler.start_idle(uid).then(|| {
+                            let _ = inner.take_pace(&config, published_ms);
                             let slot = Slot {
                                 config: config.clone(),
                                 epoch: inner.scheduler.epoch(uid),

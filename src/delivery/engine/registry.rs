@@ -106,6 +106,9 @@ impl Engine {
         let held = config.held();
         let was_held = inner.subs.get(&uid).map(|old| old.held());
         let recovered = inner.recovered.remove(&*uid);
+        if let Some(pace) = inner.paces.get_mut(&*uid) {
+            pace.set_limit(config.rate_limit, crate::delivery::clock::now_ms());
+        }
         inner.subs.insert(uid.clone(), config);
         if !held && (was_held == Some(true) || recovered) {
             inner.scheduler.wake(&uid);
@@ -125,6 +128,7 @@ impl Engine {
             .inc_by(purged);
         let mut inner = self.lock();
         inner.states.remove(uid);
+        inner.paces.remove(uid);
         if let Some(config) = inner.subs.remove(uid) {
             if let Some(names) = inner.by_name.get_mut(&config.namespace) {
                 names.remove(&config.name);
@@ -179,6 +183,13 @@ impl Engine {
     /// The config the engine runs for this uid.
     pub fn config(&self, uid: &str) -> Option<Arc<SubscriptionConfig>> {
         self.lock().subs.get(uid).cloned()
+    }
+
+    /// While the subscription's receiver has slowed it down: the pace in force (attempts a
+    /// second) and until when (Unix ms).
+    pub fn slowed(&self, uid: &str) -> Option<(f64, i64)> {
+        let now = crate::delivery::clock::now_ms();
+        self.lock().paces.get(uid).and_then(|p| p.slowed(now))
     }
 
     pub fn subscriptions(&self) -> Vec<Arc<SubscriptionConfig>> {
