@@ -263,6 +263,7 @@ async fn operator_end_to_end() {
     quota_bounds_a_namespace(&cp, &herald, &receiver, &token).await;
     auto_disable_and_kubectl_reenable(&cp, &herald, &receiver, &token).await;
     gone_disables_at_once(&cp, &herald, &receiver, &token).await;
+    a_receiver_asking_to_slow_down_is_shown(&cp, &herald, &receiver, &token).await;
     status_writes_are_coalesced(&cp, &herald, &receiver).await;
 }
 
@@ -684,6 +685,42 @@ async fn gone_disables_at_once(
         1,
         "the event answered 410 was tried again"
     );
+}
+
+/// A 429 slows the subscription down, and its status says so (Degraded, reason
+/// Throttled, with the pace); the event is delivered on its retry.
+async fn a_receiver_asking_to_slow_down_is_shown(
+    cp: &ControlPlane,
+    herald: &Operator,
+    receiver: &Receiver,
+    token: &str,
+) {
+    receiver.set("/slow", Behaviour::Script(vec![429, 204]));
+    cp.apply(&[sub(
+        "a",
+        "slow",
+        &receiver.url("/slow"),
+        &["slow.*"],
+        json!({
+            "delivery": {"retry": {"initialBackoff": "100ms", "maxBackoff": "200ms"}}
+        }),
+    )]);
+    cp.wait_ready("a", "whsub/slow");
+    herald
+        .publish("a", token, json!({"id": "slow-1", "type": "slow.x"}))
+        .await;
+    wait_condition(cp, "a", "slow", "Degraded", ("True", "Throttled")).await;
+    let describe = cp.kubectl_ok(&["describe", "whsub", "slow", "-n", "a"]);
+    assert!(describe.contains("asked to slow down"), "{describe}");
+    assert_eq!(
+        condition(cp, "a", "slow", "Ready"),
+        ("True".into(), "Active".into())
+    );
+    receiver
+        .wait_until("slow-1 delivered", Duration::from_secs(30), |h| {
+            h.iter().filter(|h| h.path == "/slow").count() == 2
+        })
+        .await;
 }
 
 /// The status interval of the end-to-end test's herald (2 s unless
