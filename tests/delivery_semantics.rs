@@ -1284,3 +1284,163 @@ async fn a_rate_limit_paces_its_lane_and_no_other() {
         "the lane without a limit was held back"
     );
 }
+
+/// Runs tests/interop/cloudevents_tool.py (the CloudEvents SDK from PyPI) with `args`,
+/// feeding it `input`; returns what it printed, as JSON.
+fn cloudevents_sdk(args: &[&str], input: &str) -> Value {
+    use std::io::Write;
+    let python = std::env::var("HERALD_PYTHON").unwrap_or_else(|_| "python3".into());
+    let tool = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/interop/cloudevents_tool.py"
+    );
+    let mut child = std::process::Command::new(&python)
+        .arg(tool)
+        .args(args)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("running {python}: {e}"));
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(input.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "the CloudEvents SDK refused (is the .venv of scripts/test on PATH?): {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// CloudEvents both ways, with the CloudEvents SDK from PyPI at both ends: events published
+/// as herald's JSON, as a structured CloudEvent and as a binary one reach a subscription of
+/// each format; the SDK reads what the CloudEvents subscriptions receive (id, type, the
+/// producer's source, the data), each request signed over the body it carries; a
+/// CloudEvent's id is its idempotency key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cloudevents_in_and_out() {
+    let receiver = Receiver::start().await;
+    let mut manifests = vec![secret(NS)];
+    for (name, format) in [
+        ("plain", "json"),
+        ("binary", "cloudevents-binary"),
+        ("structured", "cloudevents-structured"),
+    ] {
+        let path = format!("/{name}");
+        manifests.push(subscription(
+            NS,
+            name,
+            &receiver.url(&path),
+            &["order.*"],
+            json!({"format": format}),
+        ));
+    }
+    let herald = Herald::start(&manifests, ALLOW_LOOPBACK);
+    herald
+        .publish(
+            NS,
+            json!({"id": "h-1", "type": "order.created", "data": {"n": 1}}),
+        )
+        .await;
+    let http = reqwest::Client::new();
+    let url = format!("{}/v1/namespaces/{NS}/events", herald.base);
+    let mut first_answer = None;
+    for (mode, id) in [
+        ("structured", "ce-s1"),
+        ("binary", "ce-b1"),
+        ("structured", "ce-s1"),
+    ] {
+        let made = cloudevents_sdk(
+            &[
+                "make",
+                mode,
+                id,
+                "order.paid",
+                "/shop/orders",
+                r#"{"n": 2}"#,
+            ],
+            "",
+        );
+        let mut request = http
+            .post(&url)
+            .body(made["body"].as_str().unwrap().to_string());
+        for (name, value) in made["headers"].as_object().unwrap() {
+            request = request.header(name, value.as_str().unwrap());
+        }
+        let response = request.send().await.unwrap();
+        assert_eq!(response.status().as_u16(), 202, "{mode} {id}");
+        let answer: Value = response.json().await.unwrap();
+        assert_eq!(answer["id"], id);
+        assert_eq!(answer["matched"], 3);
+        // The same CloudEvent id again is the same publish: answered alike, sent once.
+        if id == "ce-s1" {
+            match &first_answer {
+                None => first_answer = Some(answer),
+                Some(first) => assert_eq!(&answer, first),
+            }
+        }
+    }
+    let hits = receiver
+        .wait_until(
+            "3 events at each subscription",
+            Duration::from_secs(30),
+            |h| h.len() >= 9,
+        )
+        .await;
+    // Each subscription has three deliveries, all settled: the repeat made none.
+    for name in ["plain", "binary", "structured"] {
+        settled(&herald, name, 3).await;
+    }
+    assert_eq!(
+        receiver.hits().len(),
+        9,
+        "a repeated CloudEvent id was sent again"
+    );
+    for hit in &hits {
+        assert!(
+            hit.verified,
+            "{}: the signature does not verify over the body",
+            hit.path
+        );
+        if hit.path == "/plain" {
+            let body: Value = serde_json::from_slice(&hit.body).unwrap();
+            let source = if body["id"] == "h-1" {
+                Value::Null
+            } else {
+                json!("/shop/orders")
+            };
+            assert_eq!(
+                body.get("source").cloned().unwrap_or(Value::Null),
+                source,
+                "{body}"
+            );
+            continue;
+        }
+        let request = json!({
+            "headers": hit.headers,
+            "body": BASE64.encode(&hit.body),
+        });
+        let read = cloudevents_sdk(&["parse"], &request.to_string());
+        let attributes = &read["attributes"];
+        let id = attributes["id"].as_str().unwrap();
+        let (kind, source, n) = if id == "h-1" {
+            ("order.created", format!("/namespaces/{NS}"), 1)
+        } else {
+            ("order.paid", "/shop/orders".to_string(), 2)
+        };
+        assert_eq!(attributes["specversion"], "1.0", "{read}");
+        assert_eq!(attributes["type"], kind, "{read}");
+        assert_eq!(attributes["source"], source, "{read}");
+        assert_eq!(read["data"], json!({"n": n}), "{}: {read}", hit.path);
+        let content_type = hit.header("content-type");
+        match hit.path.as_str() {
+            "/binary" => assert_eq!(content_type, "application/json"),
+            _ => assert_eq!(content_type, "application/cloudevents+json"),
+        }
+    }
+}

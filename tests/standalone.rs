@@ -258,7 +258,7 @@ async fn a_missing_secret_holds_events_until_it_appears() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_publish_token_guards_every_api_call_but_health() {
     let receiver = Receiver::start().await;
-    receiver.set("/hook", Behaviour::Status(410));
+    receiver.set("/hook", Behaviour::Status(404));
     let herald = Herald::start(
         &[secret(NS), hook(&receiver, "hook", json!({}))],
         &["--egress-allow", "127.0.0.0/8", "--publish-token", "s3cret"],

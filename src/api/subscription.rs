@@ -113,6 +113,14 @@ pub struct WebhookSubscriptionSpec {
     #[serde(default)]
     pub delivery: DeliveryPolicy,
 
+    /// What each request carries: json (default: herald's envelope {"id", "type",
+    /// "timestamp", "data"}), or a CloudEvent (CloudEvents 1.0): cloudevents-binary (the
+    /// attributes as ce-* headers, the data as the body) or cloudevents-structured (one
+    /// application/cloudevents+json document). Every request is signed over the body it
+    /// carries.
+    #[serde(default, skip_serializing_if = "is_default")]
+    pub format: Format,
+
     /// Static, non-secret headers added to every request (for example a routing key). Names
     /// herald sets itself (content-type, webhook-*, herald-*, host, ...) and hop-by-hop or
     /// framing headers (connection, transfer-encoding, content-encoding, upgrade, te,
@@ -325,6 +333,23 @@ pub struct RateLimit {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1, max = 100000))]
     pub burst: Option<u32>,
+}
+
+/// What a request carries.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "kebab-case")]
+pub enum Format {
+    /// herald's JSON envelope.
+    #[default]
+    Json,
+    /// A CloudEvent in binary mode.
+    CloudeventsBinary,
+    /// A CloudEvent in structured mode.
+    CloudeventsStructured,
+}
+
+fn is_default<T: Default + PartialEq>(value: &T) -> bool {
+    *value == T::default()
 }
 
 /// The order in which a subscription's events are attempted.

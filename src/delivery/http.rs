@@ -6,9 +6,10 @@ use std::error::Error as _;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
-use reqwest::header::{CONTENT_TYPE, HeaderMap, HeaderName, HeaderValue, USER_AGENT};
+use reqwest::header::{HeaderMap, HeaderName, HeaderValue, USER_AGENT};
 
 use super::egress::{EgressPolicy, GuardedResolver, Refused};
+use super::format::{self, Format};
 use super::outcome::{Outcome, classify_status, parse_retry_after};
 use crate::signing::Signer;
 use crate::store::{Claimed, EXCERPT_BYTES, excerpt};
@@ -24,6 +25,9 @@ pub struct Target<'a> {
     pub signer: &'a Signer,
     pub timeout: Duration,
     pub headers: &'a [(HeaderName, HeaderValue)],
+    /// What the request carries, and the namespace (a CloudEvent's default source).
+    pub format: Format,
+    pub namespace: &'a str,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -101,18 +105,24 @@ impl HttpSender {
         }
 
         let now = crate::signing::unix_now();
+        let rendered = format::render(target.format, target.namespace, &claimed.body);
         let mut headers = HeaderMap::with_capacity(8 + target.headers.len());
         for (name, value) in target.headers {
             headers.append(name.clone(), value.clone());
         }
-        for (name, value) in target.signer.sign(&claimed.event_id, now, &claimed.body) {
+        for (name, value) in target.signer.sign(&claimed.event_id, now, &rendered.body) {
             if let (Ok(name), Ok(value)) =
                 (HeaderName::try_from(name), HeaderValue::try_from(value))
             {
                 headers.insert(name, value);
             }
         }
-        headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        // The content type, and a CloudEvent's attributes in binary mode.
+        for (name, value) in &rendered.headers {
+            if let Ok(value) = HeaderValue::try_from(value.as_str()) {
+                headers.insert(*name, value);
+            }
+        }
         headers.insert(
             USER_AGENT,
             HeaderValue::from_static(concat!("herald/", env!("CARGO_PKG_VERSION"))),
@@ -130,7 +140,7 @@ impl HttpSender {
             .post(url)
             .headers(headers)
             .timeout(target.timeout)
-            .body(claimed.body.clone());
+            .body(rendered.body);
 
         // Out of descriptors is herald's own shortage, not the receiver's failure: the attempt
         // waits for a descriptor (within its timeout) instead of failing at once, so a process

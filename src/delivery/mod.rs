@@ -6,6 +6,7 @@ pub mod admission;
 pub mod clock;
 pub mod egress;
 pub mod engine;
+pub mod format;
 pub mod http;
 pub mod outcome;
 pub mod pace;
@@ -48,6 +49,8 @@ pub struct SubscriptionConfig {
     pub strict_order: bool,
     /// `spec.delivery.rateLimit`.
     pub rate_limit: Option<pace::RateLimit>,
+    /// `spec.format`.
+    pub format: format::Format,
     pub limits: RetryLimits,
     pub headers: Vec<(HeaderName, HeaderValue)>,
     pub paused: bool,
@@ -127,6 +130,7 @@ impl SubscriptionConfig {
                 delivery.max_in_flight.max(1)
             },
             strict_order,
+            format: spec.format,
             rate_limit: delivery.rate_limit.as_ref().map(|l| pace::RateLimit {
                 per_second: l.per_second.max(1),
                 burst: l.burst.unwrap_or(l.per_second).max(1),

@@ -3,6 +3,7 @@
 //! `{"error": {"code": ..., "message": ...}}`, and a refused request writes nothing.
 
 pub mod auth;
+pub mod cloudevents;
 pub mod listener;
 mod parse_errors;
 
@@ -274,6 +275,9 @@ pub struct PublishRequest {
     pub kind: String,
     /// Any JSON value, kept as the producer wrote it.
     pub data: Option<Box<RawValue>>,
+    /// A published CloudEvent's source (see [`cloudevents`]).
+    #[serde(skip)]
+    pub source: Option<String>,
 }
 
 /// Decodes a publish body, refusing what `POST .../events` answers 400 to (`invalid_event`,
@@ -281,6 +285,11 @@ pub struct PublishRequest {
 pub fn decode_event(bytes: &[u8]) -> Result<PublishRequest, ApiError> {
     let request: PublishRequest = serde_json::from_slice(bytes)
         .map_err(|e| bad_request("invalid_event", format!("the body must be a JSON object {{\"type\": string, \"id\"?: string, \"data\"?: any}}: {e}")))?;
+    checked(request)
+}
+
+/// The rules every publish meets, however it was written (herald's body, a CloudEvent).
+fn checked(request: PublishRequest) -> Result<PublishRequest, ApiError> {
     if request.kind.is_empty()
         || request.kind.len() > 253
         || !request
@@ -376,12 +385,23 @@ async fn publish(
     let bytes = axum::body::to_bytes(body, api.max_body)
         .await
         .map_err(|e| body_error(e, too_large()))?;
-    let request = decode_event(&bytes)?;
+    // A CloudEvent (structured: by its content type; binary: by its ce-specversion header),
+    // or herald's own body.
+    let request = match cloudevents::mode(&headers) {
+        Some(mode) => cloudevents::decode(mode, &headers, &bytes).and_then(checked)?,
+        None => decode_event(&bytes)?,
+    };
     let null = RawValue::NULL;
     let data = request.data.as_deref().unwrap_or(null);
     let result = api
         .engine
-        .publish(&namespace, request.id, &request.kind, data)
+        .publish(
+            &namespace,
+            request.id,
+            &request.kind,
+            request.source.as_deref(),
+            data,
+        )
         .await?;
     Ok((
         StatusCode::ACCEPTED,

@@ -61,6 +61,16 @@ async fn idle(store: &dyn Store, uid: &str, now: i64) -> Option<i64> {
     }
 }
 
+/// Publishes `{prefix}0` .. `{prefix}{count - 1}` at `at` to `uid`.
+async fn publish_to(store: &dyn Store, uid: &str, prefix: &str, count: usize, at: i64) {
+    for i in 0..count {
+        store
+            .publish(event(&format!("{prefix}{i}"), at), vec![uid.into()])
+            .await
+            .unwrap();
+    }
+}
+
 pub async fn run(store: &dyn Store) {
     publish_is_atomic_idempotent_and_fenced(store).await;
     claims_follow_publish_order_and_due_time(store).await;
@@ -234,12 +244,7 @@ async fn completion_counts_and_auto_disables(store: &dyn Store) {
         })
         .await
         .unwrap();
-    for i in 0..4 {
-        store
-            .publish(event(&format!("evt-d{i}"), 100), vec!["d1".into()])
-            .await
-            .unwrap();
-    }
+    publish_to(store, "d1", "evt-d", 4, 100).await;
     let first = claim(store, "d1", 100).await;
     let done = store
         .complete(
@@ -309,12 +314,7 @@ async fn completion_counts_and_auto_disables(store: &dyn Store) {
 /// does not disable it again. A re-enable clears the reason.
 async fn gone_disables_at_once(store: &dyn Store) {
     store.upsert_subscription(sub("g1")).await.unwrap();
-    for i in 0..3 {
-        store
-            .publish(event(&format!("evt-g{i}"), 100), vec!["g1".into()])
-            .await
-            .unwrap();
-    }
+    publish_to(store, "g1", "evt-g", 3, 100).await;
     let first = claim(store, "g1", 100).await;
     let second = claim(store, "g1", 100).await;
     let done = store
@@ -371,12 +371,7 @@ async fn strict_order_settles_each_event_first(store: &dyn Store) {
             .find(|s| s.uid == "strict1"),
         Some(&strict)
     );
-    for i in 0..3 {
-        store
-            .publish(event(&format!("evt-so{i}"), 100), vec!["strict1".into()])
-            .await
-            .unwrap();
-    }
+    publish_to(store, "strict1", "evt-so", 3, 100).await;
     let first = claim(store, "strict1", 100).await;
     assert_eq!(first.event_id, "evt-so0");
     assert_eq!(

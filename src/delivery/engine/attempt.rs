@@ -385,6 +385,8 @@ impl Engine {
                     signer,
                     timeout: config.timeout,
                     headers: &config.headers,
+                    format: config.format,
+                    namespace: &config.namespace,
                 };
                 self.sender.send(&target, claimed).await
             }

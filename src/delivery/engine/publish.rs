@@ -6,13 +6,13 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use serde::Serialize;
 use serde_json::value::RawValue;
 
 use super::attempt::{Claiming, Slot};
 use super::fence::Fence;
 use super::{Engine, EngineError, Notice, UNROUTED_NAMESPACE};
 use crate::delivery::clock::now_ms;
+use crate::delivery::format::Envelope;
 use crate::store::{self, NewEvent, PublishResult};
 
 /// How often each namespace's stored bytes are taken from the store again (pruning frees
@@ -22,11 +22,13 @@ const STORED_RECOUNT: Duration = Duration::from_secs(10);
 impl Engine {
     /// Accepts an event: stored with one pending delivery per matching subscription before
     /// this returns. A repeated `id` returns the first answer and delivers nothing again.
+    /// `source`: a published CloudEvent's, kept for CloudEvents receivers.
     pub async fn publish(
         self: &Arc<Self>,
         namespace: &str,
         id: Option<String>,
         event_type: &str,
+        source: Option<&str>,
         data: &RawValue,
     ) -> Result<PublishResult, EngineError> {
         // Fair admission first: a flood from one namespace waits at the door, not in the
@@ -49,21 +51,15 @@ impl Engine {
         };
         let given = id.is_some();
         let event_id = id.unwrap_or_else(|| format!("evt_{}", uuid::Uuid::now_v7().simple()));
-        #[derive(Serialize)]
-        struct Envelope<'a> {
-            id: &'a str,
-            #[serde(rename = "type")]
-            kind: &'a str,
-            timestamp: String,
-            data: &'a RawValue,
-        }
         let published_ms = now_ms();
+        let timestamp = k8s_openapi::jiff::Timestamp::from_millisecond(published_ms)
+            .map(|t| t.to_string())
+            .unwrap_or_default();
         let body = serde_json::to_vec(&Envelope {
             id: &event_id,
             kind: event_type,
-            timestamp: k8s_openapi::jiff::Timestamp::from_millisecond(published_ms)
-                .map(|t| t.to_string())
-                .unwrap_or_default(),
+            timestamp: &timestamp,
+            source,
             data,
         })
         .map_err(|e| store::Error::Backend(e.to_string()))?;

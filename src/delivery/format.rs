@@ -1,0 +1,161 @@
+//! What an attempt's body looks like: herald's JSON envelope as stored (`spec.format: json`,
+//! the default), or a CloudEvent (CloudEvents 1.0 over HTTP) made from it, in binary mode
+//! (the attributes as `ce-*` headers, the data as the body) or structured mode (one
+//! `application/cloudevents+json` document). Pure: the stored envelope in, the body and the
+//! headers out; the body is what gets signed.
+
+use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
+
+pub use crate::api::subscription::Format;
+
+/// The stored envelope herald builds at publish (see `Engine::publish`).
+#[derive(Serialize, Deserialize)]
+pub struct Envelope<'a> {
+    pub id: &'a str,
+    #[serde(rename = "type")]
+    pub kind: &'a str,
+    pub timestamp: &'a str,
+    /// The CloudEvents `source` a producer gave (publishing a CloudEvent); else none.
+    #[serde(default, skip_serializing_if = "Option::is_none", borrow)]
+    pub source: Option<&'a str>,
+    #[serde(borrow)]
+    pub data: &'a RawValue,
+}
+
+/// The CloudEvents spec version herald speaks.
+pub const SPEC_VERSION: &str = "1.0";
+
+/// The `source` of an event published without one: its namespace.
+pub fn default_source(namespace: &str) -> String {
+    format!("/namespaces/{namespace}")
+}
+
+/// An attempt's body and the headers that describe it (content type first).
+#[derive(Debug, PartialEq, Eq)]
+pub struct Rendered {
+    pub body: Vec<u8>,
+    pub headers: Vec<(&'static str, String)>,
+}
+
+/// Renders the stored `body` for `format`. An envelope that cannot be read (a store
+/// written by a herald without envelopes would be a bug) is sent as stored, as JSON.
+pub fn render(format: Format, namespace: &str, body: &[u8]) -> Rendered {
+    let as_stored = || Rendered {
+        body: body.to_vec(),
+        headers: vec![("content-type", "application/json".into())],
+    };
+    if format == Format::Json {
+        return as_stored();
+    }
+    let Ok(envelope) = serde_json::from_slice::<Envelope<'_>>(body) else {
+        return as_stored();
+    };
+    let source = envelope
+        .source
+        .map_or_else(|| default_source(namespace), str::to_string);
+    match format {
+        Format::Json => as_stored(),
+        Format::CloudeventsBinary => Rendered {
+            body: envelope.data.get().as_bytes().to_vec(),
+            headers: vec![
+                ("content-type", "application/json".into()),
+                ("ce-specversion", SPEC_VERSION.into()),
+                ("ce-id", envelope.id.into()),
+                ("ce-source", source),
+                ("ce-type", envelope.kind.into()),
+                ("ce-time", envelope.timestamp.into()),
+            ],
+        },
+        Format::CloudeventsStructured => {
+            #[derive(Serialize)]
+            struct Structured<'a> {
+                specversion: &'a str,
+                id: &'a str,
+                source: &'a str,
+                #[serde(rename = "type")]
+                kind: &'a str,
+                time: &'a str,
+                datacontenttype: &'a str,
+                data: &'a RawValue,
+            }
+            let document = Structured {
+                specversion: SPEC_VERSION,
+                id: envelope.id,
+                source: &source,
+                kind: envelope.kind,
+                time: envelope.timestamp,
+                datacontenttype: "application/json",
+                data: envelope.data,
+            };
+            match serde_json::to_vec(&document) {
+                Ok(body) => Rendered {
+                    body,
+                    headers: vec![("content-type", "application/cloudevents+json".into())],
+                },
+                Err(_) => as_stored(),
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const STORED: &[u8] = br#"{"id":"evt-1","type":"order.created","timestamp":"2026-12-04T10:00:00Z","data":{"n":1, "s":"x"}}"#;
+
+    #[test]
+    fn json_is_sent_as_stored() {
+        let rendered = render(Format::Json, "shop", STORED);
+        assert_eq!(rendered.body, STORED);
+        assert_eq!(
+            rendered.headers,
+            [("content-type", "application/json".into())]
+        );
+    }
+
+    #[test]
+    fn binary_mode_carries_the_attributes_in_headers_and_the_data_as_written() {
+        let rendered = render(Format::CloudeventsBinary, "shop", STORED);
+        assert_eq!(rendered.body, br#"{"n":1, "s":"x"}"#);
+        let header = |name: &str| {
+            rendered
+                .headers
+                .iter()
+                .find(|(n, _)| *n == name)
+                .map(|(_, v)| v.as_str())
+        };
+        assert_eq!(header("ce-specversion"), Some("1.0"));
+        assert_eq!(header("ce-id"), Some("evt-1"));
+        assert_eq!(header("ce-type"), Some("order.created"));
+        assert_eq!(header("ce-source"), Some("/namespaces/shop"));
+        assert_eq!(header("ce-time"), Some("2026-12-04T10:00:00Z"));
+        assert_eq!(header("content-type"), Some("application/json"));
+    }
+
+    #[test]
+    fn structured_mode_is_one_document_with_the_producers_source() {
+        let stored = br#"{"id":"ce-9","type":"t","timestamp":"2026-12-04T10:00:00Z","source":"/shop/orders","data":[1,2]}"#;
+        let rendered = render(Format::CloudeventsStructured, "shop", stored);
+        assert_eq!(
+            rendered.headers,
+            [("content-type", "application/cloudevents+json".into())]
+        );
+        let document: serde_json::Value = serde_json::from_slice(&rendered.body).unwrap();
+        assert_eq!(
+            document,
+            serde_json::json!({
+                "specversion": "1.0", "id": "ce-9", "source": "/shop/orders", "type": "t",
+                "time": "2026-12-04T10:00:00Z", "datacontenttype": "application/json",
+                "data": [1, 2]
+            })
+        );
+    }
+
+    #[test]
+    fn an_unreadable_envelope_goes_as_stored() {
+        let rendered = render(Format::CloudeventsBinary, "shop", b"not json");
+        assert_eq!(rendered.body, b"not json");
+    }
+}
