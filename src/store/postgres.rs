@@ -350,10 +350,13 @@ impl Store for PostgresStore {
         within(OP_TIMEOUT, async {
             let mut tx = self.synced.begin().await?;
             // A pause (or a move to another shard) waits for the claims holding the row.
-            query(HOLD_SUBSCRIPTION)
-                .bind(&sub.uid)
-                .execute(&mut *tx)
-                .await?;
+            // (HOLD_SUBSCRIPTION, reading the ordering it had.)
+            let was_strict: Option<bool> = query_scalar(
+                "SELECT strict_order FROM subscriptions WHERE uid = $1 FOR UPDATE",
+            )
+            .bind(&sub.uid)
+            .fetch_optional(&mut *tx)
+            .await?;
             query(
                 "INSERT INTO subscriptions
                      (uid, namespace, name, paused, disable_after, shard, strict_order)
@@ -372,6 +375,18 @@ impl Store for PostgresStore {
             .bind(sub.strict_order)
             .execute(&mut *tx)
             .await?;
+            // The ordering changed: the deliveries that may still be sent (waiting, in
+            // flight, dead for a replay) follow it, so that strict claims find them.
+            if was_strict.is_some_and(|was| was != sub.strict_order) {
+                query(
+                    "UPDATE deliveries SET strict = $2
+                     WHERE sub_uid = $1 AND state IN (0, 1, 3) AND strict <> $2",
+                )
+                .bind(&sub.uid)
+                .bind(sub.strict_order)
+                .execute(&mut *tx)
+                .await?;
+            }
             tx.commit().await?;
             let row = query(STATE_OF)
                 .bind(&sub.uid)
@@ -729,7 +744,8 @@ impl Store for PostgresStore {
                        AND sub_uid = (SELECT uid FROM sub) AND state = 0 AND due_ms <= $16
                        AND (NOT (SELECT strict_order FROM sub)
                             OR id = (SELECT min(id) FROM deliveries
-                                     WHERE sub_uid = (SELECT uid FROM sub) AND state = 0)
+                                     WHERE sub_uid = (SELECT uid FROM sub) AND state = 0
+                                       AND strict)
                                AND NOT EXISTS (SELECT 1 FROM deliveries
                                                WHERE sub_uid = (SELECT uid FROM sub)
                                                  AND state = 1 AND id <> $1))
@@ -763,6 +779,7 @@ impl Store for PostgresStore {
                             THEN NULL
                             ELSE (SELECT due_ms FROM deliveries
                                   WHERE sub_uid = (SELECT uid FROM sub) AND state = 0
+                                    AND strict
                                   ORDER BY id LIMIT 1)
                         END,
                         c.id, c.event_id, c.event_type, c.body, c.attempts, c.window_start_ms,
@@ -1013,7 +1030,8 @@ const CLAIM: &str = "
         SELECT id FROM deliveries
         WHERE sub_uid = (SELECT uid FROM sub) AND state = 0 AND due_ms <= $2
           AND (NOT (SELECT strict_order FROM sub)
-               OR id = (SELECT min(id) FROM deliveries WHERE sub_uid = $1 AND state = 0)
+               OR id = (SELECT min(id) FROM deliveries
+                           WHERE sub_uid = $1 AND state = 0 AND strict)
                   AND NOT EXISTS (SELECT 1 FROM deliveries WHERE sub_uid = $1 AND state = 1))
         ORDER BY due_ms, id
         LIMIT 1
@@ -1042,7 +1060,8 @@ const CLAIM_FENCED: &str = "
         WHERE sub_uid = (SELECT uid FROM sub) AND EXISTS (SELECT 1 FROM owner)
           AND state = 0 AND due_ms <= $2
           AND (NOT (SELECT strict_order FROM sub)
-               OR id = (SELECT min(id) FROM deliveries WHERE sub_uid = $1 AND state = 0)
+               OR id = (SELECT min(id) FROM deliveries
+                           WHERE sub_uid = $1 AND state = 0 AND strict)
                   AND NOT EXISTS (SELECT 1 FROM deliveries WHERE sub_uid = $1 AND state = 1))
         ORDER BY due_ms, id
         LIMIT 1
@@ -1090,7 +1109,8 @@ impl PostgresStore {
                      WHEN NOT strict_order THEN
                          (SELECT min(due_ms) FROM deliveries WHERE sub_uid = $1 AND state = 0)
                      WHEN NOT EXISTS (SELECT 1 FROM deliveries WHERE sub_uid = $1 AND state = 1)
-                     THEN (SELECT due_ms FROM deliveries WHERE sub_uid = $1 AND state = 0
+                     THEN (SELECT due_ms FROM deliveries
+                           WHERE sub_uid = $1 AND state = 0 AND strict
                            ORDER BY id LIMIT 1)
                  END
                  FROM subscriptions WHERE uid = $1 AND live AND NOT paused AND NOT disabled",

@@ -112,11 +112,11 @@ CREATE TABLE IF NOT EXISTS deliveries (
     attempts INTEGER NOT NULL DEFAULT 0,
     due_ms INTEGER NOT NULL,
     window_start_ms INTEGER NOT NULL,
-    finished_ms INTEGER
+    finished_ms INTEGER,
+    -- Of a strict-order subscription (see deliveries_order, made in migrate).
+    strict INTEGER NOT NULL DEFAULT 0
 );
 CREATE INDEX IF NOT EXISTS deliveries_lane ON deliveries (sub_uid, state, due_ms, id);
--- A strict-order subscription's oldest pending delivery, without reading its backlog.
-CREATE INDEX IF NOT EXISTS deliveries_order ON deliveries (sub_uid, id) WHERE state = 0;
 CREATE INDEX IF NOT EXISTS deliveries_event ON deliveries (event);
 CREATE TABLE IF NOT EXISTS attempt_log (
     id INTEGER PRIMARY KEY,
@@ -335,23 +335,27 @@ fn reader(conn: Connection, queue: Arc<std::sync::Mutex<std::sync::mpsc::Receive
 
 /// Brings a store made by an older herald up to [`SCHEMA`].
 fn migrate(conn: &Connection) -> rusqlite::Result<()> {
-    for (column, definition) in [
-        ("shard", "INTEGER NOT NULL DEFAULT 0"),
-        ("gone", "INTEGER NOT NULL DEFAULT 0"),
-        ("strict_order", "INTEGER NOT NULL DEFAULT 0"),
+    for (table, column, definition) in [
+        ("subscriptions", "shard", "INTEGER NOT NULL DEFAULT 0"),
+        ("subscriptions", "gone", "INTEGER NOT NULL DEFAULT 0"),
+        ("subscriptions", "strict_order", "INTEGER NOT NULL DEFAULT 0"),
+        ("deliveries", "strict", "INTEGER NOT NULL DEFAULT 0"),
     ] {
         let has: bool = conn.query_row(
-            "SELECT count(*) > 0 FROM pragma_table_info('subscriptions') WHERE name = ?1",
-            [column],
+            "SELECT count(*) > 0 FROM pragma_table_info(?1) WHERE name = ?2",
+            [table, column],
             |r| r.get(0),
         )?;
         if !has {
-            conn.execute_batch(&format!(
-                "ALTER TABLE subscriptions ADD COLUMN {column} {definition}"
-            ))?;
+            conn.execute_batch(&format!("ALTER TABLE {table} ADD COLUMN {column} {definition}"))?;
         }
     }
-    Ok(())
+    // A strict-order subscription's oldest pending delivery, without reading its backlog;
+    // only such subscriptions' deliveries are in it, so it costs the others nothing.
+    conn.execute_batch(
+        "CREATE INDEX IF NOT EXISTS deliveries_order ON deliveries (sub_uid, id)
+         WHERE state = 0 AND strict = 1",
+    )
 }
 
 /// Runs one statement that takes no parameters, prepared once per connection.
@@ -470,6 +474,10 @@ fn state_of(conn: &Connection, uid: &str) -> rusqlite::Result<Option<Subscriptio
 impl Store for SqliteStore {
     async fn upsert_subscription(&self, sub: SubscriptionRecord) -> Result<SubscriptionState> {
         self.run(Durability::Synced, move |conn| {
+            let was_strict: Option<bool> = conn
+                .prepare_cached("SELECT strict_order FROM subscriptions WHERE uid = ?1")?
+                .query_row([&sub.uid], |r| r.get(0))
+                .optional()?;
             conn.prepare_cached(UPSERT_SUBSCRIPTION)?.execute(params![
                 sub.uid,
                 sub.namespace,
@@ -479,6 +487,15 @@ impl Store for SqliteStore {
                 sub.shard,
                 sub.strict_order
             ])?;
+            // The ordering changed: the deliveries that may still be sent (waiting, in
+            // flight, dead for a replay) follow it, so that strict claims find them.
+            if was_strict.is_some_and(|was| was != sub.strict_order) {
+                conn.execute(
+                    "UPDATE deliveries SET strict = ?2
+                     WHERE sub_uid = ?1 AND state IN (0, 1, 3) AND strict <> ?2",
+                    params![sub.uid, sub.strict_order],
+                )?;
+            }
             Ok(state_of(conn, &sub.uid)?.unwrap_or_default())
         })
         .await
@@ -979,8 +996,8 @@ fn publish(
     let mut live = Vec::with_capacity(targets.len());
     {
         let mut insert = conn.prepare_cached(
-            "INSERT INTO deliveries (event, sub_uid, state, due_ms, window_start_ms)
-                 SELECT ?1, uid, 0, ?2, ?2 FROM subscriptions
+            "INSERT INTO deliveries (event, sub_uid, state, due_ms, window_start_ms, strict)
+                 SELECT ?1, uid, 0, ?2, ?2, strict_order FROM subscriptions
                  WHERE uid = ?3 AND live = 1 AND namespace = ?4",
         )?;
         for uid in targets {
@@ -1028,7 +1045,8 @@ macro_rules! claim_sql {
             "UPDATE deliveries SET state = 1, attempts = attempts + 1
              WHERE due_ms <= ?2 AND id = (
                  SELECT CASE WHEN s.strict_order
-                     THEN (SELECT id FROM deliveries WHERE sub_uid = ?1 AND state = 0
+                     THEN (SELECT id FROM deliveries
+                           WHERE sub_uid = ?1 AND state = 0 AND strict = 1
                            ORDER BY id LIMIT 1)
                      ELSE (SELECT id FROM deliveries
                            WHERE sub_uid = ?1 AND state = 0 AND due_ms <= ?2
@@ -1072,7 +1090,8 @@ fn next_due(conn: &Connection, uid: &str) -> rusqlite::Result<Option<i64>> {
                  WHEN NOT strict_order THEN
                      (SELECT min(due_ms) FROM deliveries WHERE sub_uid = ?1 AND state = 0)
                  WHEN NOT EXISTS (SELECT 1 FROM deliveries WHERE sub_uid = ?1 AND state = 1)
-                 THEN (SELECT due_ms FROM deliveries WHERE sub_uid = ?1 AND state = 0
+                 THEN (SELECT due_ms FROM deliveries
+                       WHERE sub_uid = ?1 AND state = 0 AND strict = 1
                        ORDER BY id LIMIT 1)
              END
              FROM subscriptions WHERE uid = ?1 AND live = 1 AND paused = 0 AND disabled = 0",

@@ -361,6 +361,9 @@ async fn strict_order_settles_each_event_first(store: &dyn Store) {
         strict_order: true,
         ..sub("strict1")
     };
+    // Published while unordered, then made strict: the waiting deliveries follow.
+    store.upsert_subscription(sub("strict1")).await.unwrap();
+    publish_to(store, "strict1", "evt-so", 3, 100).await;
     store.upsert_subscription(strict.clone()).await.unwrap();
     assert_eq!(
         store
@@ -371,7 +374,6 @@ async fn strict_order_settles_each_event_first(store: &dyn Store) {
             .find(|s| s.uid == "strict1"),
         Some(&strict)
     );
-    publish_to(store, "strict1", "evt-so", 3, 100).await;
     let first = claim(store, "strict1", 100).await;
     assert_eq!(first.event_id, "evt-so0");
     assert_eq!(

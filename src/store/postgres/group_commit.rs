@@ -57,7 +57,7 @@ const PUBLISH: &str = "
         SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::bytea[], $5::bigint[])
             WITH ORDINALITY AS i(namespace, event_id, event_type, body, published_ms, n)
     ), live AS MATERIALIZED (
-        SELECT t.n, s.uid
+        SELECT t.n, s.uid, s.strict_order
         FROM unnest($6::bigint[], $7::text[]) AS t(n, uid)
         JOIN input i ON i.n = t.n
         JOIN subscriptions s ON s.uid = t.uid AND s.live AND s.namespace = i.namespace
@@ -76,8 +76,8 @@ const PUBLISH: &str = "
         SELECT i.n, ev.id, i.published_ms
         FROM ev JOIN input i ON i.namespace = ev.namespace AND i.event_id = ev.event_id
     ), made AS (
-        INSERT INTO deliveries (event, sub_uid, state, due_ms, window_start_ms)
-        SELECT w.id, live.uid, 0, w.published_ms, w.published_ms
+        INSERT INTO deliveries (event, sub_uid, state, due_ms, window_start_ms, strict)
+        SELECT w.id, live.uid, 0, w.published_ms, w.published_ms, live.strict_order
         FROM written w JOIN live ON live.n = w.n
         ORDER BY w.n, live.uid
         RETURNING event, sub_uid
