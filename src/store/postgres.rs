@@ -351,12 +351,11 @@ impl Store for PostgresStore {
             let mut tx = self.synced.begin().await?;
             // A pause (or a move to another shard) waits for the claims holding the row.
             // (HOLD_SUBSCRIPTION, reading the ordering it had.)
-            let was_strict: Option<bool> = query_scalar(
-                "SELECT strict_order FROM subscriptions WHERE uid = $1 FOR UPDATE",
-            )
-            .bind(&sub.uid)
-            .fetch_optional(&mut *tx)
-            .await?;
+            let was_strict: Option<bool> =
+                query_scalar("SELECT strict_order FROM subscriptions WHERE uid = $1 FOR UPDATE")
+                    .bind(&sub.uid)
+                    .fetch_optional(&mut *tx)
+                    .await?;
             query(
                 "INSERT INTO subscriptions
                      (uid, namespace, name, paused, disable_after, shard, strict_order)

@@ -338,7 +338,11 @@ fn migrate(conn: &Connection) -> rusqlite::Result<()> {
     for (table, column, definition) in [
         ("subscriptions", "shard", "INTEGER NOT NULL DEFAULT 0"),
         ("subscriptions", "gone", "INTEGER NOT NULL DEFAULT 0"),
-        ("subscriptions", "strict_order", "INTEGER NOT NULL DEFAULT 0"),
+        (
+            "subscriptions",
+            "strict_order",
+            "INTEGER NOT NULL DEFAULT 0",
+        ),
         ("deliveries", "strict", "INTEGER NOT NULL DEFAULT 0"),
     ] {
         let has: bool = conn.query_row(
@@ -347,7 +351,9 @@ fn migrate(conn: &Connection) -> rusqlite::Result<()> {
             |r| r.get(0),
         )?;
         if !has {
-            conn.execute_batch(&format!("ALTER TABLE {table} ADD COLUMN {column} {definition}"))?;
+            conn.execute_batch(&format!(
+                "ALTER TABLE {table} ADD COLUMN {column} {definition}"
+            ))?;
         }
     }
     // A strict-order subscription's oldest pending delivery, without reading its backlog;
