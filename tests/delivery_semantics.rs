@@ -376,11 +376,25 @@ async fn dead_letters_are_kept_listed_and_replayed() {
         .collect();
     // Listed by state (pending, delivered, dead).
     assert_eq!(states, [("evt-b", "delivered"), ("evt-a", "dead")]);
+    // By the time events were published: [since, until).
+    let replay = format!("/v1/namespaces/{NS}/subscriptions/hook/replay");
     let (status, body) = herald
-        .post(
-            &format!("/v1/namespaces/{NS}/subscriptions/hook/replay"),
-            json!({}),
-        )
+        .post(&replay, json!({"until": "2000-01-01T00:00:00Z"}))
+        .await;
+    assert_eq!((status, body), (200, json!({"replayed": 0})));
+    for bad in [
+        json!({"since": "yesterday"}),
+        json!({"since": "2030-01-01T00:00:00Z", "until": "2020-01-01T00:00:00Z"}),
+    ] {
+        let (status, body) = herald.post(&replay, bad.clone()).await;
+        assert_eq!(
+            (status, body["error"]["code"].as_str()),
+            (400, Some("invalid_replay")),
+            "{bad}: {body}"
+        );
+    }
+    let (status, body) = herald
+        .post(&replay, json!({"since": "2000-01-01T00:00:00Z"}))
         .await;
     assert_eq!((status, body), (200, json!({"replayed": 1})));
     assert!(

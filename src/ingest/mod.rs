@@ -476,6 +476,42 @@ async fn subscription_state(
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 struct ReplayRequest {
     event_ids: Option<Vec<String>>,
+    /// Only events published at or after this time (RFC 3339)...
+    since: Option<String>,
+    /// ...and before this one.
+    until: Option<String>,
+}
+
+impl ReplayRequest {
+    /// What the store re-queues; a time that is not RFC 3339, or a range that is empty, is
+    /// refused (400 `invalid_replay`).
+    fn selection(self) -> Result<crate::store::Replay, ApiError> {
+        let at = |field: &str, text: Option<String>| -> Result<Option<i64>, ApiError> {
+            text.map(|t| {
+                t.parse::<k8s_openapi::jiff::Timestamp>()
+                    .map(|t| t.as_millisecond())
+                    .map_err(|e| {
+                        bad_request(
+                            "invalid_replay",
+                            format!("{field} is not an RFC 3339 time ({t:?}): {e}"),
+                        )
+                    })
+            })
+            .transpose()
+        };
+        let since_ms = at("since", self.since)?;
+        let until_ms = at("until", self.until)?;
+        if let (Some(since), Some(until)) = (since_ms, until_ms)
+            && since >= until
+        {
+            return Err(bad_request("invalid_replay", "since must be before until"));
+        }
+        Ok(crate::store::Replay {
+            event_ids: self.event_ids,
+            since_ms,
+            until_ms,
+        })
+    }
 }
 
 async fn replay(
@@ -504,13 +540,15 @@ async fn replay(
         serde_json::from_slice(&bytes).map_err(|e| {
             bad_request(
                 "invalid_replay",
-                format!("expected {{\"eventIds\"?: [string]}}: {e}"),
+                format!(
+                    "expected {{\"eventIds\"?: [string], \"since\"?: time, \"until\"?: time}}: {e}"
+                ),
             )
         })?
     };
     let replayed = api
         .engine
-        .replay(&namespace, &name, request.event_ids)
+        .replay(&namespace, &name, request.selection()?)
         .await?;
     Ok(Json(json!({"replayed": replayed})))
 }

@@ -397,6 +397,25 @@ impl DeliveryState {
     }
 }
 
+/// Which dead letters a replay re-queues: all, or those of the given event ids, and of
+/// events published within `[since_ms, until_ms)` (Unix ms), each bound when given.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Replay {
+    pub event_ids: Option<Vec<String>>,
+    pub since_ms: Option<i64>,
+    pub until_ms: Option<i64>,
+}
+
+impl Replay {
+    /// Those of these event ids.
+    pub fn events(ids: Vec<String>) -> Self {
+        Self {
+            event_ids: Some(ids),
+            ..Self::default()
+        }
+    }
+}
+
 /// Which deliveries to list.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum StateFilter {
@@ -570,9 +589,9 @@ pub trait Store: Send + Sync + 'static {
     /// Attempt history of one event's delivery to one subscription, oldest first.
     async fn attempts(&self, uid: &str, event_id: &str) -> Result<Vec<AttemptRecord>>;
 
-    /// Re-queues dead letters (all, or those of the given event ids) with a fresh retry
-    /// budget. Returns how many.
-    async fn replay(&self, uid: &str, event_ids: Option<Vec<String>>, now_ms: i64) -> Result<u64>;
+    /// Re-queues the dead letters `which` selects with a fresh retry budget. Returns how
+    /// many.
+    async fn replay(&self, uid: &str, which: Replay, now_ms: i64) -> Result<u64>;
 
     /// Drops history, finished deliveries and unreferenced events older than the cutoff.
     async fn prune(&self, older_than_ms: i64) -> Result<u64>;

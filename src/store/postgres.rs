@@ -954,20 +954,23 @@ impl Store for PostgresStore {
         .await
     }
 
-    async fn replay(&self, uid: &str, event_ids: Option<Vec<String>>, now_ms: i64) -> Result<u64> {
+    async fn replay(&self, uid: &str, which: Replay, now_ms: i64) -> Result<u64> {
         within(BULK_TIMEOUT, async {
             // FOR KEY SHARE on a live row, as a publish: a removal waits, then purges them.
+            // From the subscription's dead letters to their events (by key), whatever the
+            // selection: never through the namespace's whole event table.
             Ok(query(
                 "WITH sub AS MATERIALIZED (
-                     SELECT uid, namespace FROM subscriptions WHERE uid = $1 AND live FOR KEY SHARE
+                     SELECT uid FROM subscriptions WHERE uid = $1 AND live FOR KEY SHARE
                  )
                  , replayed AS (
-                     UPDATE deliveries SET state = 0, attempts = 0, due_ms = $2,
+                     UPDATE deliveries d SET state = 0, attempts = 0, due_ms = $2,
                          window_start_ms = $2, finished_ms = NULL
-                     WHERE sub_uid = (SELECT uid FROM sub) AND state = 3
-                       AND ($3::text[] IS NULL OR event IN (
-                           SELECT id FROM events
-                           WHERE event_id = ANY($3) AND namespace = (SELECT namespace FROM sub)))
+                     FROM events e
+                     WHERE d.sub_uid = (SELECT uid FROM sub) AND d.state = 3 AND e.id = d.event
+                       AND ($3::text[] IS NULL OR e.event_id = ANY($3))
+                       AND ($4::bigint IS NULL OR e.published_ms >= $4)
+                       AND ($5::bigint IS NULL OR e.published_ms < $5)
                      RETURNING 1
                  ), notified AS (
                      SELECT pg_notify('herald_new_work', $1) FROM replayed HAVING count(*) > 0
@@ -976,7 +979,9 @@ impl Store for PostgresStore {
             )
             .bind(uid)
             .bind(now_ms)
-            .bind(event_ids)
+            .bind(which.event_ids)
+            .bind(which.since_ms)
+            .bind(which.until_ms)
             .fetch_one(&self.synced)
             .await?
             .try_get::<i64, _>(0)? as u64)

@@ -910,7 +910,7 @@ impl Store for SqliteStore {
         .await
     }
 
-    async fn replay(&self, uid: &str, event_ids: Option<Vec<String>>, now_ms: i64) -> Result<u64> {
+    async fn replay(&self, uid: &str, which: Replay, now_ms: i64) -> Result<u64> {
         let uid = uid.to_string();
         self.run(Durability::Synced, move |conn| {
             let live: bool = conn.query_row(
@@ -921,19 +921,24 @@ impl Store for SqliteStore {
             if !live {
                 return Ok(0);
             }
-            let requeue = "UPDATE deliveries SET state = 0, attempts = 0, due_ms = ?2,
-                               window_start_ms = ?2, finished_ms = NULL
-                           WHERE sub_uid = ?1 AND state = 3";
-            let count = match event_ids {
-                None => conn.execute(requeue, params![uid, now_ms])?,
+            // From the subscription's dead letters to their events (by key): once, or once
+            // per event id asked for (?3).
+            let mut requeue = conn.prepare(
+                "UPDATE deliveries SET state = 0, attempts = 0, due_ms = ?2,
+                     window_start_ms = ?2, finished_ms = NULL
+                 WHERE sub_uid = ?1 AND state = 3
+                   AND EXISTS (SELECT 1 FROM events e WHERE e.id = deliveries.event
+                               AND (?3 IS NULL OR e.event_id = ?3)
+                               AND (?4 IS NULL OR e.published_ms >= ?4)
+                               AND (?5 IS NULL OR e.published_ms < ?5))",
+            )?;
+            let (since, until) = (which.since_ms, which.until_ms);
+            let count = match which.event_ids {
+                None => requeue.execute(params![uid, now_ms, None::<String>, since, until])?,
                 Some(ids) => {
-                    let mut stmt = conn.prepare(&format!(
-                        "{requeue} AND event IN (SELECT id FROM events WHERE event_id = ?3
-                             AND namespace = (SELECT namespace FROM subscriptions WHERE uid = ?1))"
-                    ))?;
                     let mut count = 0;
                     for id in ids {
-                        count += stmt.execute(params![uid, now_ms, id])?;
+                        count += requeue.execute(params![uid, now_ms, id, since, until])?;
                     }
                     count
                 }

@@ -79,6 +79,7 @@ pub async fn run(store: &dyn Store) {
     gone_disables_at_once(store).await;
     strict_order_settles_each_event_first(store).await;
     dead_letters_list_and_replay(store).await;
+    replay_by_publish_time(store).await;
     in_flight_is_recovered(store).await;
     pause_blocks_claims(store).await;
     prune_keeps_what_is_unfinished(store).await;
@@ -219,7 +220,7 @@ async fn removal_purges_and_fences_forever(store: &dyn Store) {
         0
     );
     assert_eq!(idle(store, "r1", i64::MAX).await, None);
-    assert_eq!(store.replay("r1", None, 600).await.unwrap(), 0);
+    assert_eq!(store.replay("r1", Replay::default(), 600).await.unwrap(), 0);
     assert_eq!(store.recover_in_flight(700).await.unwrap(), 0);
     assert_eq!(idle(store, "r1", i64::MAX).await, None);
 
@@ -436,6 +437,69 @@ async fn strict_order_settles_each_event_first(store: &dyn Store) {
     store.remove_subscription("strict1").await.unwrap();
 }
 
+/// The event ids of the subscription's pending deliveries, sorted.
+async fn pending_ids(store: &dyn Store, uid: &str) -> Vec<String> {
+    let mut ids: Vec<String> = store
+        .list_deliveries(uid, StateFilter::Pending, 100)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|d| d.event_id)
+        .collect();
+    ids.sort();
+    ids
+}
+
+/// A replay by the time its events were published: `[since, until)`, alone or with ids.
+async fn replay_by_publish_time(store: &dyn Store) {
+    store.upsert_subscription(sub("tr1")).await.unwrap();
+    for (i, at) in [100, 200, 300, 400].into_iter().enumerate() {
+        store
+            .publish(event(&format!("evt-t{i}"), at), vec!["tr1".into()])
+            .await
+            .unwrap();
+        let c = claim(store, "tr1", at).await;
+        store
+            .complete(
+                c.claim_ref(),
+                attempt(at, "Terminal", Some(400)),
+                Next::DeadLetter,
+            )
+            .await
+            .unwrap();
+    }
+    let range = |since, until| Replay {
+        since_ms: since,
+        until_ms: until,
+        ..Replay::default()
+    };
+    assert_eq!(
+        store
+            .replay("tr1", range(Some(200), Some(400)), 500)
+            .await
+            .unwrap(),
+        2
+    );
+    assert_eq!(pending_ids(store, "tr1").await, ["evt-t1", "evt-t2"]);
+    let ids_after = Replay {
+        since_ms: Some(350),
+        ..Replay::events(vec!["evt-t0".into(), "evt-t3".into()])
+    };
+    assert_eq!(store.replay("tr1", ids_after, 500).await.unwrap(), 1);
+    assert_eq!(
+        store
+            .replay("tr1", range(None, Some(150)), 500)
+            .await
+            .unwrap(),
+        1
+    );
+    assert_eq!(
+        pending_ids(store, "tr1").await,
+        ["evt-t0", "evt-t1", "evt-t2", "evt-t3"]
+    );
+    store.remove_subscription("tr1").await.unwrap();
+}
+
 async fn dead_letters_list_and_replay(store: &dyn Store) {
     store.upsert_subscription(sub("x1")).await.unwrap();
     for i in 0..3 {
@@ -474,7 +538,11 @@ async fn dead_letters_list_and_replay(store: &dyn Store) {
 
     assert_eq!(
         store
-            .replay("x1", Some(vec!["evt-x1".into(), "nope".into()]), 500)
+            .replay(
+                "x1",
+                Replay::events(vec!["evt-x1".into(), "nope".into()]),
+                500
+            )
             .await
             .unwrap(),
         1
@@ -488,7 +556,7 @@ async fn dead_letters_list_and_replay(store: &dyn Store) {
         ),
         ("evt-x1", 1, 500)
     );
-    assert_eq!(store.replay("x1", None, 600).await.unwrap(), 2);
+    assert_eq!(store.replay("x1", Replay::default(), 600).await.unwrap(), 2);
     assert_eq!(
         store
             .list_deliveries("x1", StateFilter::Pending, 10)
@@ -684,7 +752,7 @@ async fn prune_keeps_what_is_unfinished(store: &dyn Store) {
     assert_eq!((again.duplicate, again.matched), (false, 1));
     assert_eq!(
         store
-            .replay("k1", Some(vec!["evt-k-old-dead".into()]), 30_000)
+            .replay("k1", Replay::events(vec!["evt-k-old-dead".into()]), 30_000)
             .await
             .unwrap(),
         1
@@ -1076,7 +1144,13 @@ async fn stale_claims_complete_nothing(store: &dyn Store) {
 
     // A replay resets the attempt count: a claim under an old epoch with the same number
     // must still be stale.
-    assert_eq!(store.replay("stale2", None, 400).await.unwrap(), 1);
+    assert_eq!(
+        store
+            .replay("stale2", Replay::default(), 400)
+            .await
+            .unwrap(),
+        1
+    );
     store
         .upsert_subscription(SubscriptionRecord {
             shard: 9,

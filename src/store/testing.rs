@@ -220,9 +220,9 @@ impl Store for FaultyStore {
         self.up()?;
         self.inner.attempts(uid, id).await
     }
-    async fn replay(&self, uid: &str, ids: Option<Vec<String>>, now: i64) -> Result<u64> {
+    async fn replay(&self, uid: &str, which: Replay, now: i64) -> Result<u64> {
         self.up()?;
-        self.inner.replay(uid, ids, now).await
+        self.inner.replay(uid, which, now).await
     }
     async fn prune(&self, before: i64) -> Result<u64> {
         self.up()?;

@@ -118,8 +118,8 @@ impl<S: Store> Store for Timed<S> {
     async fn attempts(&self, uid: &str, event_id: &str) -> Result<Vec<AttemptRecord>> {
         timed("attempts", self.0.attempts(uid, event_id)).await
     }
-    async fn replay(&self, uid: &str, event_ids: Option<Vec<String>>, now_ms: i64) -> Result<u64> {
-        timed("replay", self.0.replay(uid, event_ids, now_ms)).await
+    async fn replay(&self, uid: &str, which: Replay, now_ms: i64) -> Result<u64> {
+        timed("replay", self.0.replay(uid, which, now_ms)).await
     }
     async fn prune(&self, older_than_ms: i64) -> Result<u64> {
         timed("prune", self.0.prune(older_than_ms)).await

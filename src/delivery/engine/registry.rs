@@ -6,7 +6,7 @@ use std::sync::Arc;
 use super::{Engine, EngineError, Inner, Notice};
 use crate::delivery::SubscriptionConfig;
 use crate::delivery::clock::now_ms;
-use crate::store::{SubscriptionRecord, SubscriptionState};
+use crate::store::{self, SubscriptionRecord, SubscriptionState};
 
 impl Engine {
     /// Wakes `uid`'s lane for new work, unless waking could start nothing: the lane is
@@ -208,7 +208,7 @@ impl Engine {
         &self,
         namespace: &str,
         name: &str,
-        event_ids: Option<Vec<String>>,
+        which: store::Replay,
     ) -> Result<u64, EngineError> {
         let uid = self.uid_of(namespace, name)?;
         let state = self
@@ -219,7 +219,7 @@ impl Engine {
         if state.disabled {
             return Err(EngineError::Disabled(format!("{namespace}/{name}")));
         }
-        let replayed = self.store.replay(&uid, event_ids, now_ms()).await?;
+        let replayed = self.store.replay(&uid, which, now_ms()).await?;
         let mut inner = self.lock();
         inner.states.remove(&uid);
         *inner.pending.entry(namespace.to_string()).or_default() += replayed;
