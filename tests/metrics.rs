@@ -6,8 +6,6 @@
 mod support;
 
 use std::collections::HashMap;
-use std::io::Write;
-use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use serde_json::{Value, json};
@@ -32,28 +30,12 @@ for family in text_string_to_metric_families(sys.stdin.read()):
         out.append([s.name, sorted(s.labels.items()), s.value])
 print(json.dumps(out))
 "#;
-    let python = std::env::var("HERALD_PYTHON").unwrap_or_else(|_| "python3".into());
-    let mut child = Command::new(&python)
-        .arg("-c")
-        .arg(script)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap_or_else(|e| panic!("running {python}: {e}"));
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(exposition.as_bytes())
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
-    assert!(
-        out.status.success(),
-        "prometheus_client could not parse the exposition (is the .venv of scripts/test on PATH?): {}\n{exposition}",
-        String::from_utf8_lossy(&out.stderr)
+    let out = support::python(
+        &["-c", script],
+        exposition.as_bytes(),
+        &format!("prometheus_client parsing the exposition\n{exposition}\n"),
     );
-    let samples: Vec<(String, Labels, f64)> = serde_json::from_slice(&out.stdout).unwrap();
+    let samples: Vec<(String, Labels, f64)> = serde_json::from_slice(&out).unwrap();
     samples
         .into_iter()
         .map(|(name, labels, value)| ((name, labels), value))

@@ -23,3 +23,27 @@ pub fn fresh_dir(prefix: &str) -> std::path::PathBuf {
     std::fs::create_dir_all(&dir).unwrap();
     dir
 }
+
+/// Runs the test Python (HERALD_PYTHON, else `python3`: scripts/test puts its .venv, with
+/// the pinned packages, on PATH) with `args`, feeding it `input`; returns what it printed.
+/// Fails with its stderr, naming `what` it was asked to do, unless it exits 0.
+pub fn python(args: &[&str], input: &[u8], what: &str) -> Vec<u8> {
+    use std::io::Write;
+    use std::process::{Command, Stdio};
+    let python = std::env::var("HERALD_PYTHON").unwrap_or_else(|_| "python3".into());
+    let mut child = Command::new(&python)
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("running {python}: {e}"));
+    child.stdin.take().unwrap().write_all(input).unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "{what} failed (is the .venv of scripts/test on PATH?): {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out.stdout
+}
