@@ -2,14 +2,14 @@
 //! `spec.delivery.rateLimit` (events per second, burst), and a slow-down when the receiver
 //! asks for one (429, 502, 504, the Standard Webhooks throttling advice): the pace halves,
 //! from the configured rate or, without one, from the rate the lane was going at, and
-//! comes back after [`SLOWED_FOR`] without another such answer. Pure: the engine keeps one
+//! comes back after [`SLOWED_FOR_MS`] without another such answer. Pure: the engine keeps one
 //! per lane that has a limit or was slowed, and passes the clock in.
 
 /// How long one answer asking to slow down holds the lane back.
 pub const SLOWED_FOR_MS: i64 = 30_000;
-/// The slowest a slow-down takes a lane: one attempt per this many seconds...
+/// The slowest a slow-down takes a lane, in attempts a second.
 const FLOOR_PER_SECOND: f64 = 1.0;
-/// ...and never above what the receiver was shown to take: the rate of the last second.
+/// The window the rate a lane went at is counted over, for a slow-down to halve it.
 const WINDOW_MS: i64 = 1000;
 
 /// A configured limit: attempts per second, and how many may start at once after a pause.

@@ -493,7 +493,10 @@ impl ReplayRequest {
                     .map_err(|e| {
                         bad_request(
                             "invalid_replay",
-                            format!("{field} is not an RFC 3339 time ({t:?}): {e}"),
+                            format!(
+                                "{field} is not an RFC 3339 time ({:?}): {e}",
+                                t.chars().take(64).collect::<String>()
+                            ),
                         )
                     })
             })
