@@ -406,6 +406,86 @@ async fn dead_letters_are_kept_listed_and_replayed() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn attempts_are_searched_across_a_namespace_with_a_cursor() {
+    let receiver = Receiver::start().await;
+    receiver.set("/hook", Behaviour::Status(404));
+    receiver.set("/other", Behaviour::Status(200));
+    let mut manifests = hook(&receiver, json!({}));
+    manifests.push(subscription(
+        NS,
+        "other",
+        &receiver.url("/other"),
+        &["*"],
+        json!({}),
+    ));
+    let herald = Herald::start(&manifests, ALLOW_LOOPBACK);
+    for i in 0..3 {
+        herald
+            .publish(NS, json!({"id": format!("evt-{i}"), "type": "order.paid"}))
+            .await;
+    }
+    settled(&herald, "hook", 3).await;
+    settled(&herald, "other", 3).await;
+    let search = format!("/v1/namespaces/{NS}/attempts");
+    // Every page by its cursor: the namespace's six attempts, newest first, each once.
+    let mut seen = Vec::new();
+    let mut next = format!("{search}?limit=4");
+    loop {
+        let (status, page) = herald.get(&next).await;
+        assert_eq!(status, 200, "{page}");
+        let items = page["items"].as_array().unwrap();
+        assert!(items.len() <= 4, "{page}");
+        seen.extend(items.iter().cloned());
+        match page["nextCursor"].as_str() {
+            Some(cursor) => next = format!("{search}?limit=4&cursor={cursor}"),
+            None => break,
+        }
+    }
+    assert_eq!(seen.len(), 6, "{seen:?}");
+    let times: Vec<i64> = seen.iter().map(|a| a["atMs"].as_i64().unwrap()).collect();
+    assert!(
+        times.windows(2).all(|w| w[0] >= w[1]),
+        "newest first: {times:?}"
+    );
+    let found = async |query: &str| {
+        let (status, page) = herald.get(&format!("{search}?{query}")).await;
+        assert_eq!(status, 200, "{query}: {page}");
+        page["items"].as_array().unwrap().clone()
+    };
+    let dead = found("outcome=terminal").await;
+    assert_eq!(dead.len(), 3);
+    assert!(
+        dead.iter()
+            .all(|a| a["subscription"] == "hook" && a["statusCode"] == 404)
+    );
+    assert_eq!(found("status=200").await.len(), 3);
+    assert_eq!(
+        found("subscription=other&outcome=Accepted,gone")
+            .await
+            .len(),
+        3
+    );
+    assert_eq!(found("subscription=hook&status=200").await.len(), 0);
+    assert_eq!(found("until=2000-01-01T00:00:00Z").await.len(), 0);
+    assert_eq!(found("since=2000-01-01T00:00:00Z").await.len(), 6);
+    for (query, code) in [
+        ("outcome=odd", "invalid_search"),
+        ("status=42", "invalid_search"),
+        ("since=yesterday", "invalid_search"),
+        ("cursor=abc", "invalid_cursor"),
+        ("cursor=-3", "invalid_cursor"),
+        ("colour=red", "invalid_query"),
+    ] {
+        let (status, body) = herald.get(&format!("{search}?{query}")).await;
+        assert_eq!(
+            (status, body["error"]["code"].as_str()),
+            (400, Some(code)),
+            "{query}: {body}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn auto_disable_holds_deliveries_until_re_enabled() {
     let receiver = Receiver::start().await;
     receiver.set("/hook", Behaviour::Status(500));

@@ -11,7 +11,7 @@ use subtle::ConstantTimeEq;
 pub enum Verb {
     /// POST events into a namespace.
     Publish,
-    /// Read a subscription's attempts.
+    /// Read a subscription's attempts (with none named: every subscription's of the namespace).
     Read,
     /// Replay dead letters or re-enable a subscription.
     Manage,

@@ -180,6 +180,7 @@ where
 pub fn router(api: Api) -> Router {
     Router::new()
         .route("/v1/namespaces/{namespace}/events", post(publish))
+        .route("/v1/namespaces/{namespace}/attempts", get(search_attempts))
         .route(
             "/v1/namespaces/{namespace}/subscriptions/{name}",
             get(subscription_state),
@@ -486,35 +487,140 @@ impl ReplayRequest {
     /// What the store re-queues; a time that is not RFC 3339, or a range that is empty, is
     /// refused (400 `invalid_replay`).
     fn selection(self) -> Result<crate::store::Replay, ApiError> {
-        let at = |field: &str, text: Option<String>| -> Result<Option<i64>, ApiError> {
-            text.map(|t| {
-                t.parse::<k8s_openapi::jiff::Timestamp>()
-                    .map(|t| t.as_millisecond())
-                    .map_err(|e| {
-                        bad_request(
-                            "invalid_replay",
-                            format!(
-                                "{field} is not an RFC 3339 time ({:?}): {e}",
-                                t.chars().take(64).collect::<String>()
-                            ),
-                        )
-                    })
-            })
-            .transpose()
-        };
-        let since_ms = at("since", self.since)?;
-        let until_ms = at("until", self.until)?;
-        if let (Some(since), Some(until)) = (since_ms, until_ms)
-            && since >= until
-        {
-            return Err(bad_request("invalid_replay", "since must be before until"));
-        }
+        let (since_ms, until_ms) = time_range("invalid_replay", self.since, self.until)?;
         Ok(crate::store::Replay {
             event_ids: self.event_ids,
             since_ms,
             until_ms,
         })
     }
+}
+
+/// `since` and `until` (RFC 3339) as Unix ms; a time that is not RFC 3339, or a range that
+/// is empty, is refused (400 with `code`).
+fn time_range(
+    code: &'static str,
+    since: Option<String>,
+    until: Option<String>,
+) -> Result<(Option<i64>, Option<i64>), ApiError> {
+    let at = |field: &str, text: Option<String>| -> Result<Option<i64>, ApiError> {
+        text.map(|t| {
+            t.parse::<k8s_openapi::jiff::Timestamp>()
+                .map(|t| t.as_millisecond())
+                .map_err(|e| {
+                    bad_request(
+                        code,
+                        format!(
+                            "{field} is not an RFC 3339 time ({:?}): {e}",
+                            t.chars().take(64).collect::<String>()
+                        ),
+                    )
+                })
+        })
+        .transpose()
+    };
+    let since_ms = at("since", since)?;
+    let until_ms = at("until", until)?;
+    if let (Some(since), Some(until)) = (since_ms, until_ms)
+        && since >= until
+    {
+        return Err(bad_request(code, "since must be before until"));
+    }
+    Ok((since_ms, until_ms))
+}
+
+/// `GET .../attempts`: a search across the namespace's subscriptions.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SearchQuery {
+    subscription: Option<String>,
+    /// Outcomes, comma-separated (any case): accepted, transient, terminal, gone.
+    outcome: Option<String>,
+    status: Option<u16>,
+    since: Option<String>,
+    until: Option<String>,
+    /// The `nextCursor` of the page before.
+    cursor: Option<String>,
+    limit: Option<u32>,
+}
+
+impl SearchQuery {
+    fn search(self, namespace: String) -> Result<crate::store::AttemptSearch, ApiError> {
+        let outcomes = self
+            .outcome
+            .map(|list| {
+                list.split(',')
+                    .map(|o| {
+                        ["Accepted", "Transient", "Terminal", "Gone"]
+                            .into_iter()
+                            .find(|known| known.eq_ignore_ascii_case(o.trim()))
+                            .map(str::to_string)
+                            .ok_or_else(|| {
+                                bad_request(
+                                    "invalid_search",
+                                    format!(
+                                        "outcome {:?} is not accepted, transient, terminal or gone",
+                                        o.chars().take(64).collect::<String>()
+                                    ),
+                                )
+                            })
+                    })
+                    .collect::<Result<Vec<_>, _>>()
+            })
+            .transpose()?;
+        if let Some(status) = self.status
+            && !(100..=599).contains(&status)
+        {
+            return Err(bad_request(
+                "invalid_search",
+                format!("status {status} is not an HTTP status code"),
+            ));
+        }
+        let before =
+            self.cursor
+                .map(|c| {
+                    c.parse::<i64>().ok().filter(|id| *id > 0).ok_or_else(|| {
+                        bad_request("invalid_cursor", "cursor is not one this API gave")
+                    })
+                })
+                .transpose()?;
+        let (since_ms, until_ms) = time_range("invalid_search", self.since, self.until)?;
+        Ok(crate::store::AttemptSearch {
+            namespace,
+            subscription: self.subscription,
+            outcomes,
+            status_code: self.status,
+            since_ms,
+            until_ms,
+            before,
+            limit: self.limit.unwrap_or(100).clamp(1, 1_000),
+        })
+    }
+}
+
+async fn search_attempts(
+    State(api): State<Api>,
+    Path(namespace): Path<String>,
+    Query(query): Query<SearchQuery>,
+    peer: Peer,
+    headers: HeaderMap,
+) -> ApiResult<Json<serde_json::Value>> {
+    let subscription = query.subscription.clone();
+    authorize(
+        &api,
+        Verb::Read,
+        &namespace,
+        subscription.as_deref(),
+        &headers,
+        peer,
+    )
+    .await?;
+    let page = api.engine.search(query.search(namespace)?).await?;
+    let mut body = json!({"items": page.items});
+    if let Some(next) = page.next {
+        body["nextCursor"] = json!(next.to_string());
+    }
+    Ok(Json(body))
 }
 
 async fn replay(

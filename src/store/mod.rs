@@ -416,6 +416,70 @@ impl Replay {
     }
 }
 
+/// Most rows of the attempt log one search reads, newest first, whatever it finds: a search
+/// for something rare costs this much per page at most, and its page may then hold fewer
+/// items than asked for (even none) with a cursor to read on from. (Small in unit tests, so
+/// that the store suite pages through the bound.)
+pub const SEARCH_SCAN_ROWS: u32 = if cfg!(test) { 16 } else { 10_000 };
+
+/// Which attempts a search lists, across the subscriptions of one namespace, newest first.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct AttemptSearch {
+    pub namespace: String,
+    /// Only this subscription's (by name).
+    pub subscription: Option<String>,
+    /// Only attempts whose outcome is one of these ([`AttemptRecord::outcome`]).
+    pub outcomes: Option<Vec<String>>,
+    pub status_code: Option<u16>,
+    /// Only attempts made within `[since_ms, until_ms)` (Unix ms), each bound when given.
+    pub since_ms: Option<i64>,
+    pub until_ms: Option<i64>,
+    /// The cursor: only attempts older than this one (a [`AttemptPage::next`]).
+    pub before: Option<i64>,
+    pub limit: u32,
+}
+
+/// One attempt a search found.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AttemptHit {
+    pub subscription: String,
+    pub event_id: String,
+    pub event_type: String,
+    #[serde(flatten)]
+    pub attempt: AttemptRecord,
+}
+
+/// A page of a search, and where the next one starts (None: nothing older is left).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct AttemptPage {
+    pub items: Vec<AttemptHit>,
+    pub next: Option<i64>,
+}
+
+impl AttemptPage {
+    /// The page from what a search read: `hits` (each with its log id, newest first, at
+    /// most `limit`) out of `scanned` rows of the log, the oldest of which was `oldest`.
+    pub(crate) fn of(
+        hits: Vec<(i64, AttemptHit)>,
+        limit: u32,
+        scanned: u32,
+        oldest: Option<i64>,
+    ) -> Self {
+        let next = if hits.len() >= limit as usize {
+            hits.last().map(|(id, _)| *id)
+        } else if scanned >= SEARCH_SCAN_ROWS {
+            oldest
+        } else {
+            None
+        };
+        Self {
+            items: hits.into_iter().map(|(_, hit)| hit).collect(),
+            next,
+        }
+    }
+}
+
 /// Which deliveries to list.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum StateFilter {
@@ -588,6 +652,10 @@ pub trait Store: Send + Sync + 'static {
 
     /// Attempt history of one event's delivery to one subscription, oldest first.
     async fn attempts(&self, uid: &str, event_id: &str) -> Result<Vec<AttemptRecord>>;
+
+    /// Attempts of a namespace's subscriptions that `search` selects, newest first, a page
+    /// at a time (see [`SEARCH_SCAN_ROWS`]).
+    async fn search_attempts(&self, search: AttemptSearch) -> Result<AttemptPage>;
 
     /// Re-queues the dead letters `which` selects with a fresh retry budget. Returns how
     /// many.

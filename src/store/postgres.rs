@@ -954,6 +954,71 @@ impl Store for PostgresStore {
         .await
     }
 
+    async fn search_attempts(&self, search: AttemptSearch) -> Result<AttemptPage> {
+        within(OP_TIMEOUT, async {
+            // The newest rows of the log before the cursor, by its key, at most
+            // SEARCH_SCAN_ROWS of them; of those, the namespace's that match. One row comes
+            // back even when none matches, to say how far the scan read.
+            let rows = query(
+                "WITH scanned AS MATERIALIZED (
+                     SELECT id, delivery, at_ms, outcome, status_code, latency_ms, message
+                     FROM attempt_log WHERE id < $2 ORDER BY id DESC LIMIT $3
+                 ), hits AS (
+                     SELECT a.id, s.name, e.event_id, e.event_type,
+                            a.at_ms, a.outcome, a.status_code, a.latency_ms, a.message
+                     FROM scanned a
+                     JOIN deliveries d ON d.id = a.delivery
+                     JOIN subscriptions s ON s.uid = d.sub_uid
+                     JOIN events e ON e.id = d.event
+                     WHERE s.namespace = $1
+                       AND ($4::text IS NULL OR s.name = $4)
+                       AND ($5::text[] IS NULL OR a.outcome = ANY($5))
+                       AND ($6::integer IS NULL OR a.status_code = $6)
+                       AND ($7::bigint IS NULL OR a.at_ms >= $7)
+                       AND ($8::bigint IS NULL OR a.at_ms < $8)
+                     ORDER BY a.id DESC LIMIT $9
+                 )
+                 SELECT (SELECT count(*) FROM scanned), (SELECT min(id) FROM scanned),
+                        h.id, h.name, h.event_id, h.event_type,
+                        h.at_ms, h.outcome, h.status_code, h.latency_ms, h.message
+                 FROM (SELECT 1) one LEFT JOIN hits h ON true ORDER BY h.id DESC",
+            )
+            .bind(&search.namespace)
+            .bind(search.before.unwrap_or(i64::MAX))
+            .bind(i64::from(SEARCH_SCAN_ROWS))
+            .bind(search.subscription.as_deref())
+            .bind(search.outcomes.as_deref())
+            .bind(search.status_code.map(i32::from))
+            .bind(search.since_ms)
+            .bind(search.until_ms)
+            .bind(i64::from(search.limit))
+            .fetch_all(&self.reads)
+            .await?;
+            let Some(first) = rows.first() else {
+                return Ok(AttemptPage::default());
+            };
+            let scanned = first.try_get::<i64, _>(0)?.clamp(0, u32::MAX.into()) as u32;
+            let oldest: Option<i64> = first.try_get(1)?;
+            let mut hits = Vec::with_capacity(rows.len());
+            for r in &rows {
+                let Some(id) = r.try_get::<Option<i64>, _>(2)? else {
+                    continue;
+                };
+                hits.push((
+                    id,
+                    AttemptHit {
+                        subscription: r.try_get(3)?,
+                        event_id: r.try_get(4)?,
+                        event_type: r.try_get(5)?,
+                        attempt: attempt_row(r, 6)?,
+                    },
+                ));
+            }
+            Ok(AttemptPage::of(hits, search.limit, scanned, oldest))
+        })
+        .await
+    }
+
     async fn replay(&self, uid: &str, which: Replay, now_ms: i64) -> Result<u64> {
         within(BULK_TIMEOUT, async {
             // FOR KEY SHARE on a live row, as a publish: a removal waits, then purges them.

@@ -510,6 +510,13 @@ impl Store for SqliteStore {
     async fn remove_subscription(&self, uid: &str) -> Result<u64> {
         let uid = uid.to_string();
         self.run(Durability::Synced, move |conn| {
+            // A delivery's history goes with it: SQLite gives a deleted row's id to the next
+            // one, and a history left behind would then be read as that delivery's.
+            conn.execute(
+                "DELETE FROM attempt_log WHERE delivery IN
+                     (SELECT id FROM deliveries WHERE sub_uid = ?1 AND state IN (0, 1))",
+                [&uid],
+            )?;
             let purged = conn.execute(
                 "DELETE FROM deliveries WHERE sub_uid = ?1 AND state IN (0, 1)",
                 [&uid],
@@ -910,6 +917,73 @@ impl Store for SqliteStore {
         .await
     }
 
+    async fn search_attempts(&self, search: AttemptSearch) -> Result<AttemptPage> {
+        self.read(move |conn| {
+            // As the PostgreSQL store: the newest rows of the log before the cursor, at most
+            // SEARCH_SCAN_ROWS, then the namespace's that match.
+            let (scanned, oldest): (u32, Option<i64>) = conn.query_row(
+                "SELECT count(*), min(id) FROM (
+                     SELECT id FROM attempt_log WHERE id < ?1 ORDER BY id DESC LIMIT ?2
+                 )",
+                params![search.before.unwrap_or(i64::MAX), SEARCH_SCAN_ROWS],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )?;
+            let outcomes = search
+                .outcomes
+                .as_ref()
+                .map(|o| serde_json::to_string(o).unwrap_or_default());
+            let mut stmt = conn.prepare_cached(
+                "SELECT a.id, s.name, e.event_id, e.event_type,
+                        a.at_ms, a.outcome, a.status_code, a.latency_ms, a.message
+                 FROM (SELECT * FROM attempt_log WHERE id < ?2 ORDER BY id DESC LIMIT ?3) a
+                 JOIN deliveries d ON d.id = a.delivery
+                 JOIN subscriptions s ON s.uid = d.sub_uid
+                 JOIN events e ON e.id = d.event
+                 WHERE s.namespace = ?1
+                   AND (?4 IS NULL OR s.name = ?4)
+                   AND (?5 IS NULL OR a.outcome IN (SELECT value FROM json_each(?5)))
+                   AND (?6 IS NULL OR a.status_code = ?6)
+                   AND (?7 IS NULL OR a.at_ms >= ?7)
+                   AND (?8 IS NULL OR a.at_ms < ?8)
+                 ORDER BY a.id DESC LIMIT ?9",
+            )?;
+            let hits = stmt
+                .query_map(
+                    params![
+                        search.namespace,
+                        search.before.unwrap_or(i64::MAX),
+                        SEARCH_SCAN_ROWS,
+                        search.subscription,
+                        outcomes,
+                        search.status_code,
+                        search.since_ms,
+                        search.until_ms,
+                        search.limit,
+                    ],
+                    |r| {
+                        Ok((
+                            r.get(0)?,
+                            AttemptHit {
+                                subscription: r.get(1)?,
+                                event_id: r.get(2)?,
+                                event_type: r.get(3)?,
+                                attempt: AttemptRecord {
+                                    at_ms: r.get(4)?,
+                                    outcome: r.get(5)?,
+                                    status_code: r.get(6)?,
+                                    latency_ms: r.get::<_, i64>(7)? as u64,
+                                    message: r.get(8)?,
+                                },
+                            },
+                        ))
+                    },
+                )?
+                .collect::<rusqlite::Result<Vec<_>>>()?;
+            Ok(AttemptPage::of(hits, search.limit, scanned, oldest))
+        })
+        .await
+    }
+
     async fn replay(&self, uid: &str, which: Replay, now_ms: i64) -> Result<u64> {
         let uid = uid.to_string();
         self.run(Durability::Synced, move |conn| {
@@ -951,14 +1025,19 @@ impl Store for SqliteStore {
     async fn prune(&self, older_than_ms: i64) -> Result<u64> {
         self.run(Durability::Relaxed, move |conn| {
             let mut removed = conn.execute("DELETE FROM attempt_log WHERE at_ms < ?1", [older_than_ms])?;
+            // Deliveries with their history (see remove_subscription: ids are reused).
+            let finished = "state = 2 AND finished_ms < ?1";
             removed += conn.execute(
-                "DELETE FROM deliveries WHERE state = 2 AND finished_ms < ?1",
+                &format!("DELETE FROM attempt_log WHERE delivery IN (SELECT id FROM deliveries WHERE {finished})"),
                 [older_than_ms],
             )?;
+            removed += conn.execute(&format!("DELETE FROM deliveries WHERE {finished}"), [older_than_ms])?;
+            let removed_subs = "sub_uid IN (SELECT uid FROM subscriptions WHERE live = 0)";
             removed += conn.execute(
-                "DELETE FROM deliveries WHERE sub_uid IN (SELECT uid FROM subscriptions WHERE live = 0)",
+                &format!("DELETE FROM attempt_log WHERE delivery IN (SELECT id FROM deliveries WHERE {removed_subs})"),
                 [],
             )?;
+            removed += conn.execute(&format!("DELETE FROM deliveries WHERE {removed_subs}"), [])?;
             removed += conn.execute(
                 "DELETE FROM events WHERE published_ms < ?1
                      AND NOT EXISTS (SELECT 1 FROM deliveries d WHERE d.event = events.id)",

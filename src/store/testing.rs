@@ -220,6 +220,10 @@ impl Store for FaultyStore {
         self.up()?;
         self.inner.attempts(uid, id).await
     }
+    async fn search_attempts(&self, search: AttemptSearch) -> Result<AttemptPage> {
+        self.up()?;
+        self.inner.search_attempts(search).await
+    }
     async fn replay(&self, uid: &str, which: Replay, now: i64) -> Result<u64> {
         self.up()?;
         self.inner.replay(uid, which, now).await

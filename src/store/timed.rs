@@ -118,6 +118,9 @@ impl<S: Store> Store for Timed<S> {
     async fn attempts(&self, uid: &str, event_id: &str) -> Result<Vec<AttemptRecord>> {
         timed("attempts", self.0.attempts(uid, event_id)).await
     }
+    async fn search_attempts(&self, search: AttemptSearch) -> Result<AttemptPage> {
+        timed("search_attempts", self.0.search_attempts(search)).await
+    }
     async fn replay(&self, uid: &str, which: Replay, now_ms: i64) -> Result<u64> {
         timed("replay", self.0.replay(uid, which, now_ms)).await
     }

@@ -4,7 +4,9 @@
 use std::time::Duration;
 
 use super::{Engine, EngineError};
-use crate::store::{AttemptRecord, DeliveryView, StateFilter, SubscriptionState};
+use crate::store::{
+    AttemptPage, AttemptRecord, AttemptSearch, DeliveryView, StateFilter, SubscriptionState,
+};
 
 /// Reads through the API (a subscription's state, its deliveries, an event's attempts) one
 /// namespace may have in progress at once; more are answered 429 `read_busy` at once. Reads
@@ -112,6 +114,16 @@ impl Engine {
         let attempts = self.store.attempts(&uid, event_id).await?;
         admitted.returned(attempts.len());
         Ok(attempts)
+    }
+
+    /// Attempts across a namespace's subscriptions, newest first, a page at a time (see
+    /// [`crate::store::SEARCH_SCAN_ROWS`]).
+    pub async fn search(&self, search: AttemptSearch) -> Result<AttemptPage, EngineError> {
+        let namespace = search.namespace.clone();
+        let mut admitted = self.admit_read(&namespace)?;
+        let page = self.store.search_attempts(search).await?;
+        admitted.returned(page.items.len());
+        Ok(page)
     }
 
     /// A subscription's state as the API shows it: while nothing this replica does changes
