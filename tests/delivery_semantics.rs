@@ -486,6 +486,164 @@ async fn attempts_are_searched_across_a_namespace_with_a_cursor() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dead_letters_go_to_the_sink_on_a_lane_of_their_own() {
+    let receiver = Receiver::start().await;
+    // The receiver refuses "bad" events for good and takes the others; the sink hangs at
+    // first (its lane waits on it) and answers 503 once before it takes letters.
+    receiver.set("/hook", Behaviour::Status(200));
+    receiver.set("/bad", Behaviour::Status(400));
+    receiver.set("/sink", Behaviour::Hang);
+    let spec = |sink: &str| {
+        json!({
+            "deadLetterSink": {"url": sink},
+            "delivery": {"timeout": "1s", "retry": {"maxAttempts": 3, "initialBackoff": "10ms", "maxBackoff": "20ms"}},
+        })
+    };
+    let herald = Herald::start(
+        &[
+            secret(NS),
+            subscription(
+                NS,
+                "good",
+                &receiver.url("/hook"),
+                &["order.*"],
+                spec(&receiver.url("/sink")),
+            ),
+            subscription(
+                NS,
+                "bad",
+                &receiver.url("/bad"),
+                &["order.bad"],
+                spec(&receiver.url("/sink")),
+            ),
+            // A sink the egress guard refuses (only loopback is open here).
+            subscription(
+                NS,
+                "guarded",
+                &receiver.url("/bad"),
+                &["guarded"],
+                spec("http://10.255.255.1/dead"),
+            ),
+        ],
+        ALLOW_LOOPBACK,
+    );
+    herald
+        .publish(
+            NS,
+            json!({"id": "bad-1", "type": "order.bad", "data": {"n": 1}}),
+        )
+        .await;
+    settled(&herald, "bad", 1).await;
+    // While the sink hangs, the subscriptions go on: ten deliveries, promptly.
+    for i in 0..10 {
+        herald
+            .publish(NS, json!({"id": format!("ok-{i}"), "type": "order.paid"}))
+            .await;
+    }
+    receiver
+        .wait_until(
+            "deliveries while the sink hangs",
+            Duration::from_secs(10),
+            |h| h.iter().filter(|h| h.path == "/hook").count() == 11,
+        )
+        .await;
+    assert_eq!(herald.deliveries(NS, "bad", "dead").await.len(), 1);
+    // The sink comes back (one 503 first): the letter arrives, signed like any event.
+    receiver.set("/sink", Behaviour::Script(vec![503, 200]));
+    let hits = receiver
+        .wait_until("the dead letter", Duration::from_secs(30), |h| {
+            h.iter()
+                .any(|h| h.path == "/sink" && h.answered == Some(200))
+        })
+        .await;
+    let letter = hits
+        .iter()
+        .rev()
+        .find(|h| h.path == "/sink" && h.answered == Some(200))
+        .unwrap();
+    let body: Value = serde_json::from_slice(&letter.body).unwrap();
+    assert_eq!(body["type"], "herald.dead_letter", "{body}");
+    assert_eq!(letter.header("webhook-id"), body["id"].as_str().unwrap());
+    let data = &body["data"];
+    assert_eq!(
+        data["subscription"],
+        json!({"namespace": NS, "name": "bad"})
+    );
+    assert_eq!(data["event"]["id"], "bad-1");
+    assert_eq!(data["event"]["data"], json!({"n": 1}));
+    assert_eq!(data["attempts"], 1);
+    assert_eq!(data["lastAttempt"]["statusCode"], 400);
+    assert_eq!(data["lastAttempt"]["outcome"], "Terminal");
+    let pairs: Vec<(&str, &str)> = letter
+        .headers
+        .iter()
+        .map(|(k, v)| (k.as_str(), v.as_str()))
+        .collect();
+    Signer::verifier(SigningScheme::StandardWebhooks, &[SECRET.to_string()], None)
+        .unwrap()
+        .verify(
+            pairs,
+            &letter.body,
+            herald::signing::unix_now(),
+            Duration::from_secs(300),
+        )
+        .expect("the letter is signed with the subscription's secret");
+    // Its lane's attempts are in the namespace's history under its own name.
+    let (status, page) = herald
+        .get(&format!(
+            "/v1/namespaces/{NS}/attempts?subscription=bad/dead-letter-sink"
+        ))
+        .await;
+    assert_eq!(status, 200, "{page}");
+    let codes: Vec<&Value> = page["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| &a["statusCode"])
+        .collect();
+    assert_eq!(codes.first(), Some(&&json!(200)), "{page}");
+    // The guarded sink: its letter is refused by the egress guard (a terminal answer),
+    // never sent, and dies on the sink's lane.
+    herald
+        .publish(NS, json!({"id": "g-1", "type": "guarded"}))
+        .await;
+    let path = format!("/v1/namespaces/{NS}/attempts?subscription=guarded/dead-letter-sink");
+    let page = herald
+        .poll(
+            "the guarded sink's attempt",
+            &path,
+            Duration::from_secs(30),
+            |status, page| {
+                status == 200
+                    && page["items"]
+                        .as_array()
+                        .is_some_and(|items| items.len() == 1)
+            },
+        )
+        .await;
+    let first = &page["items"][0];
+    assert!(first.get("statusCode").is_none(), "{page}");
+    assert_eq!(first["outcome"], "Terminal", "{page}");
+    assert!(
+        first["message"].as_str().unwrap().contains("egress"),
+        "{page}"
+    );
+    assert!(!receiver.hits().iter().any(|h| h.path == "/dead"));
+    let (status, state) = herald
+        .get(&format!("/v1/namespaces/{NS}/subscriptions/guarded"))
+        .await;
+    assert_eq!(status, 200);
+    assert_eq!(state["deadLettered"], 1, "{state}");
+    // The sink's lane is no subscription of the API's.
+    let (status, _) = herald
+        .get(&format!(
+            "/v1/namespaces/{NS}/subscriptions/bad%2Fdead-letter-sink"
+        ))
+        .await;
+    assert_eq!(status, 404);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn auto_disable_holds_deliveries_until_re_enabled() {
     let receiver = Receiver::start().await;
     receiver.set("/hook", Behaviour::Status(500));

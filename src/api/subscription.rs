@@ -134,6 +134,18 @@ pub struct WebhookSubscriptionSpec {
     )]
     pub headers: BTreeMap<String, String>,
 
+    /// Where dead letters also go (Knative's deadLetterSink): each event this subscription
+    /// dead-letters (retries exhausted, a terminal answer, 410 Gone) is POSTed there too,
+    /// signed with this subscription's secret, as an event of type herald.dead_letter whose
+    /// data holds the subscription, the event (id, type, data), why it died and the last
+    /// attempt. The letter is queued in the same transaction that records the death, and
+    /// sent on a lane of its own with the same retry policy and egress guard: a failing
+    /// sink never holds the subscription back, and its own dead letters stay listed in its
+    /// history (subscription "<name>/dead-letter-sink"). Removing this field holds letters
+    /// not yet sent until a sink is set again; deleting the subscription purges them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dead_letter_sink: Option<DeadLetterSink>,
+
     /// Stop starting new attempts while true. Events published meanwhile are kept as pending
     /// attempts and delivered once unpaused.
     #[serde(default)]
@@ -146,6 +158,20 @@ pub struct WebhookSubscriptionSpec {
     #[serde(default = "default_disable_after")]
     #[schemars(range(min = 0, max = 100000))]
     pub disable_after_consecutive_failures: u32,
+}
+
+/// Where a subscription's dead letters are also sent.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct DeadLetterSink {
+    /// An absolute http or https URL without user info, under the same egress guard as
+    /// spec.url.
+    #[schemars(length(min = 1, max = 2048))]
+    #[x_kube(
+        validation = Rule::new("(self.startsWith('http://') || self.startsWith('https://')) && isURL(self) && url(self).getHostname() != ''").message("must be an absolute http:// or https:// URL with a host"),
+        validation = Rule::new("!self.contains('@')").message("must not carry user info (user:password@); put credentials in a signing secret instead")
+    )]
+    pub url: String,
 }
 
 /// At most 32 headers of one line each; bounded so the CEL rules above stay cheap.

@@ -4,6 +4,7 @@
 
 pub mod admission;
 pub mod clock;
+pub mod dead_letter;
 pub mod egress;
 pub mod engine;
 pub mod format;
@@ -55,6 +56,34 @@ pub struct SubscriptionConfig {
     pub headers: Vec<(HeaderName, HeaderValue)>,
     pub paused: bool,
     pub disable_after: u32,
+    /// `spec.deadLetterSink.url`, checked like `url`.
+    pub dead_letter_sink: Option<Box<str>>,
+    /// Set on a dead-letter sink's lane (see [`SubscriptionConfig::sink_lane`]): the uid of
+    /// the subscription whose dead letters it sends.
+    pub sink_for: Option<Arc<str>>,
+}
+
+/// An absolute http(s) URL with a host and no user info.
+fn checked_url(field: &str, text: &str) -> Result<reqwest::Url, String> {
+    let url = reqwest::Url::parse(text).map_err(|e| format!("{field}: {e}"))?;
+    if !matches!(url.scheme(), "http" | "https") || url.host().is_none() {
+        return Err(format!(
+            "{field} must be an absolute http:// or https:// URL"
+        ));
+    }
+    if !url.username().is_empty() || url.password().is_some() {
+        return Err(format!("{field} must not carry user info"));
+    }
+    Ok(url)
+}
+
+/// What a dead-letter sink's lane's uid and name end with.
+pub const SINK_SUFFIX: &str = "/dead-letter-sink";
+
+/// The uid of the lane that sends `uid`'s dead letters to its sink. A uid never holds '/'
+/// (a Kubernetes UID or a UUID), nor ',' or ':' (which store notices use).
+pub fn sink_uid(uid: &str) -> String {
+    format!("{uid}{SINK_SUFFIX}")
 }
 
 impl SubscriptionConfig {
@@ -67,13 +96,13 @@ impl SubscriptionConfig {
         spec: &WebhookSubscriptionSpec,
         secrets: Result<Vec<String>, String>,
     ) -> Result<Self, String> {
-        let url = reqwest::Url::parse(&spec.url).map_err(|e| format!("spec.url: {e}"))?;
-        if !matches!(url.scheme(), "http" | "https") || url.host().is_none() {
-            return Err("spec.url must be an absolute http:// or https:// URL".into());
-        }
-        if !url.username().is_empty() || url.password().is_some() {
-            return Err("spec.url must not carry user info".into());
-        }
+        let url = checked_url("spec.url", &spec.url)?;
+        let dead_letter_sink = spec
+            .dead_letter_sink
+            .as_ref()
+            .map(|sink| checked_url("spec.deadLetterSink.url", &sink.url))
+            .transpose()?
+            .map(|url| url.as_str().into());
         let mut headers = Vec::with_capacity(spec.headers.len());
         for (name, value) in &spec.headers {
             let name = HeaderName::try_from(name.as_str())
@@ -145,6 +174,8 @@ impl SubscriptionConfig {
             headers,
             paused: spec.paused,
             disable_after: spec.disable_after_consecutive_failures,
+            dead_letter_sink,
+            sink_for: None,
         })
     }
 
@@ -152,6 +183,34 @@ impl SubscriptionConfig {
         self.event_types
             .iter()
             .any(|pattern| crate::api::subscription::event_type_matches(pattern, event_type))
+    }
+
+    /// The lane that sends this subscription's dead letters to its sink, when it has one:
+    /// the sink's URL, this subscription's signer, timeout, width and retry policy, none of
+    /// its headers, order or rate limit, and never disabled. It matches no event type and is
+    /// no object of its own: the API's names and status never show it.
+    pub fn sink_lane(&self) -> Option<Self> {
+        let url = self.dead_letter_sink.clone()?;
+        Some(Self {
+            uid: sink_uid(&self.uid).into(),
+            namespace: self.namespace.clone(),
+            name: format!("{}{SINK_SUFFIX}", self.name).into(),
+            url,
+            event_types: Vec::new(),
+            signer: self.signer.clone(),
+            not_ready: self.not_ready.clone(),
+            timeout: self.timeout,
+            width: self.width,
+            strict_order: false,
+            rate_limit: None,
+            format: format::Format::default(),
+            limits: self.limits.clone(),
+            headers: Vec::new(),
+            paused: self.paused,
+            disable_after: 0,
+            dead_letter_sink: None,
+            sink_for: Some(self.uid.clone()),
+        })
     }
 
     /// Held: paused by spec or not deliverable.

@@ -627,6 +627,20 @@ pub trait Store: Send + Sync + 'static {
         Ok(self.complete_and_claim(claim, attempt, next, None).await?.0)
     }
 
+    /// [`Store::complete`] of an attempt after which its delivery is dead (`next` is
+    /// [`Next::DeadLetter`] or [`Next::Gone`]) and, when it is recorded, the publish of
+    /// `letter` to the lane `sink` (which sends dead letters to the subscription's sink), in
+    /// the same transaction: a letter is queued exactly when a death is recorded. A publish
+    /// of an id already stored writes nothing (a record retried after its answer was lost).
+    async fn complete_dead_letter(
+        &self,
+        claim: ClaimRef,
+        attempt: AttemptRecord,
+        next: Next,
+        letter: NewEvent,
+        sink: String,
+    ) -> Result<Completion>;
+
     /// After a restart: deliveries that were on the wire become due again (at least once).
     async fn recover_in_flight(&self, now_ms: i64) -> Result<u64>;
 

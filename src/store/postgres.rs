@@ -674,156 +674,56 @@ impl Store for PostgresStore {
         next: Next,
         then_claim: Option<i64>,
     ) -> Result<(Completion, Option<Claimed>)> {
-        let (state, due_ms) = match next {
-            Next::Delivered => (DeliveryState::Delivered, attempt.at_ms),
-            Next::Retry { due_ms } => (DeliveryState::Pending, due_ms),
-            Next::DeadLetter | Next::Gone => (DeliveryState::Dead, attempt.at_ms),
-        };
-        let finished = (state != DeliveryState::Pending).then_some(attempt.at_ms);
-        let ok = next == Next::Delivered;
-        let dead = next.is_dead();
-        let gone = next == Next::Gone;
-        let stale_message = superseded_message(&attempt.message);
+        within(
+            OP_TIMEOUT,
+            complete(&self.relaxed, claim, &attempt, next, then_claim),
+        )
+        .await
+    }
+
+    async fn complete_dead_letter(
+        &self,
+        claim: ClaimRef,
+        attempt: AttemptRecord,
+        next: Next,
+        letter: NewEvent,
+        sink: String,
+    ) -> Result<Completion> {
         within(OP_TIMEOUT, async {
-            // The subscription row first (`sub`, whose FOR NO KEY UPDATE returns the row as
-            // it is once any pause or removal in progress has committed), then, for a fenced
-            // claim, the shard's owner row while it is at the claim's epoch (`owner`, FOR
-            // SHARE: a take-over in progress makes this wait, then see the new epoch), then
-            // the deliveries, in the order claims, removals and take-overs take them. The
-            // delivery moves on only while it is in flight under this claim (same attempt
-            // number): a delivery purged meanwhile is gone, and a stale claim's attempt (a
-            // take-over made it due again, or another replica claimed it since) is logged as
-            // history only. A 410 Gone ($17) disables the subscription whatever its
-            // threshold; `disabled_now` compares with the row `sub` locked. After a delivery,
-            // with $16, the lane's next due delivery is
-            // claimed (`following`, `claimed`: the rules of CLAIM, the fence held through
-            // `moved`). The fourth column is the lane's next due time; one statement sees one
-            // snapshot, so a retry scheduled here is not among it, and a delivery claimed
-            // here still is.
-            let row = query(
-                "WITH sub AS MATERIALIZED (
-                     SELECT uid, live AND NOT paused AND NOT disabled AS active,
-                            disabled AS was_disabled, strict_order
-                     FROM subscriptions
-                     WHERE uid = (SELECT sub_uid FROM deliveries WHERE id = $1)
-                     FOR NO KEY UPDATE
-                 ), owner AS MATERIALIZED (
-                     SELECT shard FROM shard_owners
-                     WHERE $13::integer IS NOT NULL AND shard = $13 AND epoch = $14
-                       AND EXISTS (SELECT 1 FROM sub)
-                     FOR SHARE
-                 ), moved AS (
-                     UPDATE deliveries SET state = $2, due_ms = $3, finished_ms = $4
-                     WHERE id = $1 AND state = 1 AND attempts = $12
-                       AND sub_uid = (SELECT uid FROM sub)
-                       AND ($13::integer IS NULL OR EXISTS (SELECT 1 FROM owner))
-                     RETURNING id, sub_uid
-                 ), logged AS (
-                     INSERT INTO attempt_log (delivery, at_ms, outcome, status_code, latency_ms, message)
-                     SELECT d.id, $5, $6, $7, $8,
-                            CASE WHEN EXISTS (SELECT 1 FROM moved) THEN $9 ELSE $15 END
-                     FROM deliveries d WHERE d.id = $1 AND d.sub_uid = (SELECT uid FROM sub)
-                 ), counted AS (
-                     UPDATE subscriptions s SET
-                         consecutive_failures = CASE WHEN $10 THEN 0 ELSE s.consecutive_failures + 1 END,
-                         delivered = s.delivered + CASE WHEN $10 THEN 1 ELSE 0 END,
-                         failed = s.failed + CASE WHEN $10 THEN 0 ELSE 1 END,
-                         dead_lettered = s.dead_lettered + CASE WHEN $11 THEN 1 ELSE 0 END,
-                         disabled = s.disabled OR $17 OR (NOT $10 AND s.disable_after > 0
-                                                   AND s.consecutive_failures + 1 >= s.disable_after),
-                         gone = s.gone OR $17
-                     FROM moved
-                     WHERE s.uid = moved.sub_uid AND s.live
-                     RETURNING s.consecutive_failures,
-                               s.disabled AND NOT (SELECT was_disabled FROM sub) AS disabled_now
-                 ), following AS MATERIALIZED (
-                     SELECT id FROM deliveries
-                     WHERE $16::bigint IS NOT NULL AND $10 AND EXISTS (SELECT 1 FROM moved)
-                       AND (SELECT active FROM sub)
-                       AND sub_uid = (SELECT uid FROM sub) AND state = 0 AND due_ms <= $16
-                       AND (NOT (SELECT strict_order FROM sub)
-                            OR id = (SELECT min(id) FROM deliveries
-                                     WHERE sub_uid = (SELECT uid FROM sub) AND state = 0
-                                       AND strict)
-                               AND NOT EXISTS (SELECT 1 FROM deliveries
-                                               WHERE sub_uid = (SELECT uid FROM sub)
-                                                 AND state = 1 AND id <> $1))
-                     ORDER BY due_ms, id
-                     LIMIT 1
-                     FOR UPDATE SKIP LOCKED
-                 ), claimed AS (
-                     UPDATE deliveries d SET state = 1, attempts = d.attempts + 1
-                     FROM following, events e
-                     WHERE d.id = following.id AND e.id = d.event
-                     RETURNING d.id, e.event_id, e.event_type, e.body, d.attempts,
-                               d.window_start_ms, d.sub_uid
-                 )
-                 SELECT EXISTS (SELECT 1 FROM moved),
-                        coalesce((SELECT consecutive_failures FROM counted), 0),
-                        coalesce((SELECT disabled_now FROM counted), false),
-                        CASE
-                            WHEN NOT coalesce((SELECT active FROM sub), false)
-                                 OR coalesce((SELECT disabled_now FROM counted), false)
-                            THEN NULL
-                            WHEN NOT (SELECT strict_order FROM sub) THEN
-                                (SELECT min(d.due_ms) FROM deliveries d
-                                 WHERE d.sub_uid = (SELECT uid FROM sub) AND d.state = 0)
-                            -- Strict: a retry stays the oldest; one claimed here or still
-                            -- on the wire holds the lane; else the oldest waiting one's.
-                            WHEN $2 = 0 AND EXISTS (SELECT 1 FROM moved) THEN $3
-                            WHEN EXISTS (SELECT 1 FROM claimed)
-                                 OR EXISTS (SELECT 1 FROM deliveries
-                                            WHERE sub_uid = (SELECT uid FROM sub)
-                                              AND state = 1 AND id <> $1)
-                            THEN NULL
-                            ELSE (SELECT due_ms FROM deliveries
-                                  WHERE sub_uid = (SELECT uid FROM sub) AND state = 0
-                                    AND strict
-                                  ORDER BY id LIMIT 1)
-                        END,
-                        c.id, c.event_id, c.event_type, c.body, c.attempts, c.window_start_ms,
-                        c.sub_uid
-                 FROM (SELECT 1) AS one LEFT JOIN claimed c ON true",
-            )
-            .bind(claim.delivery_id)
-            .bind(state.code() as i16)
-            .bind(due_ms)
-            .bind(finished)
-            .bind(attempt.at_ms)
-            .bind(&attempt.outcome)
-            .bind(attempt.status_code.map(i32::from))
-            .bind(attempt.latency_ms.min(i64::MAX as u64) as i64)
-            .bind(&attempt.message)
-            .bind(ok)
-            .bind(dead)
-            .bind(claim.attempt.min(i32::MAX as u32) as i32)
-            .bind(claim.fence.map(|f| shard_number(f.shard)))
-            .bind(claim.fence.map(|f| f.epoch))
-            .bind(&stale_message)
-            .bind(then_claim)
-            .bind(gone)
-            .fetch_one(&self.relaxed)
-            .await?;
-            let completion = Completion {
-                recorded: row.try_get(0)?,
-                disabled_now: row.try_get(2)?,
-                consecutive_failures: row.try_get::<i32, _>(1)?.max(0) as u32,
-                next_due_ms: row.try_get(3)?,
-            };
-            let following = match row.try_get::<Option<i64>, _>(4)? {
-                None => None,
-                Some(delivery_id) => Some(Claimed {
-                    delivery_id,
-                    subscription_uid: row.try_get(10)?,
-                    event_id: row.try_get(5)?,
-                    event_type: row.try_get(6)?,
-                    body: row.try_get(7)?,
-                    attempt: row.try_get::<i32, _>(8)?.max(0) as u32,
-                    window_start_ms: row.try_get(9)?,
-                    fence: claim.fence,
-                }),
-            };
-            Ok((completion, following))
+            let mut tx = self.relaxed.begin().await?;
+            let (completion, _) = complete(&mut *tx, claim, &attempt, next, None).await?;
+            if completion.recorded {
+                // The letter, and its delivery to the sink's lane while that lane is live
+                // (FOR KEY SHARE, as a publish: a removal waits, then purges it), and the
+                // notice that wakes the lane wherever its shard is held. An id already
+                // stored writes nothing.
+                query(
+                    "WITH sink AS MATERIALIZED (
+                         SELECT uid FROM subscriptions
+                         WHERE uid = $1 AND live AND namespace = $2 FOR KEY SHARE
+                     ), written AS (
+                         INSERT INTO events (namespace, event_id, event_type, body, published_ms, matched)
+                         SELECT $2, $3, $4, $5, $6, 1 FROM sink
+                         ON CONFLICT (namespace, event_id) DO NOTHING
+                         RETURNING id
+                     ), queued AS (
+                         INSERT INTO deliveries (event, sub_uid, state, due_ms, window_start_ms)
+                         SELECT written.id, $1, 0, $6, $6 FROM written
+                         RETURNING sub_uid
+                     )
+                     SELECT pg_notify('herald_new_work', sub_uid) FROM queued",
+                )
+                .bind(&sink)
+                .bind(&letter.namespace)
+                .bind(&letter.event_id)
+                .bind(&letter.event_type)
+                .bind(&letter.body)
+                .bind(letter.published_ms)
+                .execute(&mut *tx)
+                .await?;
+            }
+            tx.commit().await?;
+            Ok(completion)
         })
         .await
     }
@@ -1213,6 +1113,166 @@ async fn first_answer(
         duplicate: true,
         targets: Vec::new(),
     }))
+}
+
+/// Records an attempt (see [`Store::complete_and_claim`]) with one statement, on `executor`
+/// (the relaxed pool, or a transaction that does more).
+async fn complete<'e>(
+    executor: impl Executor<'e, Database = sqlx_postgres::Postgres>,
+    claim: ClaimRef,
+    attempt: &AttemptRecord,
+    next: Next,
+    then_claim: Option<i64>,
+) -> Result<(Completion, Option<Claimed>), sqlx_core::Error> {
+    let (state, due_ms) = match next {
+        Next::Delivered => (DeliveryState::Delivered, attempt.at_ms),
+        Next::Retry { due_ms } => (DeliveryState::Pending, due_ms),
+        Next::DeadLetter | Next::Gone => (DeliveryState::Dead, attempt.at_ms),
+    };
+    let finished = (state != DeliveryState::Pending).then_some(attempt.at_ms);
+    let ok = next == Next::Delivered;
+    let dead = next.is_dead();
+    let gone = next == Next::Gone;
+    let stale_message = superseded_message(&attempt.message);
+    // The subscription row first (`sub`, whose FOR NO KEY UPDATE returns the row as
+    // it is once any pause or removal in progress has committed), then, for a fenced
+    // claim, the shard's owner row while it is at the claim's epoch (`owner`, FOR
+    // SHARE: a take-over in progress makes this wait, then see the new epoch), then
+    // the deliveries, in the order claims, removals and take-overs take them. The
+    // delivery moves on only while it is in flight under this claim (same attempt
+    // number): a delivery purged meanwhile is gone, and a stale claim's attempt (a
+    // take-over made it due again, or another replica claimed it since) is logged as
+    // history only. A 410 Gone ($17) disables the subscription whatever its
+    // threshold; `disabled_now` compares with the row `sub` locked. After a delivery,
+    // with $16, the lane's next due delivery is
+    // claimed (`following`, `claimed`: the rules of CLAIM, the fence held through
+    // `moved`). The fourth column is the lane's next due time; one statement sees one
+    // snapshot, so a retry scheduled here is not among it, and a delivery claimed
+    // here still is.
+    let row = query(
+        "WITH sub AS MATERIALIZED (
+             SELECT uid, live AND NOT paused AND NOT disabled AS active,
+                    disabled AS was_disabled, strict_order
+             FROM subscriptions
+             WHERE uid = (SELECT sub_uid FROM deliveries WHERE id = $1)
+             FOR NO KEY UPDATE
+         ), owner AS MATERIALIZED (
+             SELECT shard FROM shard_owners
+             WHERE $13::integer IS NOT NULL AND shard = $13 AND epoch = $14
+               AND EXISTS (SELECT 1 FROM sub)
+             FOR SHARE
+         ), moved AS (
+             UPDATE deliveries SET state = $2, due_ms = $3, finished_ms = $4
+             WHERE id = $1 AND state = 1 AND attempts = $12
+               AND sub_uid = (SELECT uid FROM sub)
+               AND ($13::integer IS NULL OR EXISTS (SELECT 1 FROM owner))
+             RETURNING id, sub_uid
+         ), logged AS (
+             INSERT INTO attempt_log (delivery, at_ms, outcome, status_code, latency_ms, message)
+             SELECT d.id, $5, $6, $7, $8,
+                    CASE WHEN EXISTS (SELECT 1 FROM moved) THEN $9 ELSE $15 END
+             FROM deliveries d WHERE d.id = $1 AND d.sub_uid = (SELECT uid FROM sub)
+         ), counted AS (
+             UPDATE subscriptions s SET
+                 consecutive_failures = CASE WHEN $10 THEN 0 ELSE s.consecutive_failures + 1 END,
+                 delivered = s.delivered + CASE WHEN $10 THEN 1 ELSE 0 END,
+                 failed = s.failed + CASE WHEN $10 THEN 0 ELSE 1 END,
+                 dead_lettered = s.dead_lettered + CASE WHEN $11 THEN 1 ELSE 0 END,
+                 disabled = s.disabled OR $17 OR (NOT $10 AND s.disable_after > 0
+                                           AND s.consecutive_failures + 1 >= s.disable_after),
+                 gone = s.gone OR $17
+             FROM moved
+             WHERE s.uid = moved.sub_uid AND s.live
+             RETURNING s.consecutive_failures,
+                       s.disabled AND NOT (SELECT was_disabled FROM sub) AS disabled_now
+         ), following AS MATERIALIZED (
+             SELECT id FROM deliveries
+             WHERE $16::bigint IS NOT NULL AND $10 AND EXISTS (SELECT 1 FROM moved)
+               AND (SELECT active FROM sub)
+               AND sub_uid = (SELECT uid FROM sub) AND state = 0 AND due_ms <= $16
+               AND (NOT (SELECT strict_order FROM sub)
+                    OR id = (SELECT min(id) FROM deliveries
+                             WHERE sub_uid = (SELECT uid FROM sub) AND state = 0
+                               AND strict)
+                       AND NOT EXISTS (SELECT 1 FROM deliveries
+                                       WHERE sub_uid = (SELECT uid FROM sub)
+                                         AND state = 1 AND id <> $1))
+             ORDER BY due_ms, id
+             LIMIT 1
+             FOR UPDATE SKIP LOCKED
+         ), claimed AS (
+             UPDATE deliveries d SET state = 1, attempts = d.attempts + 1
+             FROM following, events e
+             WHERE d.id = following.id AND e.id = d.event
+             RETURNING d.id, e.event_id, e.event_type, e.body, d.attempts,
+                       d.window_start_ms, d.sub_uid
+         )
+         SELECT EXISTS (SELECT 1 FROM moved),
+                coalesce((SELECT consecutive_failures FROM counted), 0),
+                coalesce((SELECT disabled_now FROM counted), false),
+                CASE
+                    WHEN NOT coalesce((SELECT active FROM sub), false)
+                         OR coalesce((SELECT disabled_now FROM counted), false)
+                    THEN NULL
+                    WHEN NOT (SELECT strict_order FROM sub) THEN
+                        (SELECT min(d.due_ms) FROM deliveries d
+                         WHERE d.sub_uid = (SELECT uid FROM sub) AND d.state = 0)
+                    -- Strict: a retry stays the oldest; one claimed here or still
+                    -- on the wire holds the lane; else the oldest waiting one's.
+                    WHEN $2 = 0 AND EXISTS (SELECT 1 FROM moved) THEN $3
+                    WHEN EXISTS (SELECT 1 FROM claimed)
+                         OR EXISTS (SELECT 1 FROM deliveries
+                                    WHERE sub_uid = (SELECT uid FROM sub)
+                                      AND state = 1 AND id <> $1)
+                    THEN NULL
+                    ELSE (SELECT due_ms FROM deliveries
+                          WHERE sub_uid = (SELECT uid FROM sub) AND state = 0
+                            AND strict
+                          ORDER BY id LIMIT 1)
+                END,
+                c.id, c.event_id, c.event_type, c.body, c.attempts, c.window_start_ms,
+                c.sub_uid
+         FROM (SELECT 1) AS one LEFT JOIN claimed c ON true",
+    )
+    .bind(claim.delivery_id)
+    .bind(state.code() as i16)
+    .bind(due_ms)
+    .bind(finished)
+    .bind(attempt.at_ms)
+    .bind(&attempt.outcome)
+    .bind(attempt.status_code.map(i32::from))
+    .bind(attempt.latency_ms.min(i64::MAX as u64) as i64)
+    .bind(&attempt.message)
+    .bind(ok)
+    .bind(dead)
+    .bind(claim.attempt.min(i32::MAX as u32) as i32)
+    .bind(claim.fence.map(|f| shard_number(f.shard)))
+    .bind(claim.fence.map(|f| f.epoch))
+    .bind(&stale_message)
+    .bind(then_claim)
+    .bind(gone)
+    .fetch_one(executor)
+    .await?;
+    let completion = Completion {
+        recorded: row.try_get(0)?,
+        disabled_now: row.try_get(2)?,
+        consecutive_failures: row.try_get::<i32, _>(1)?.max(0) as u32,
+        next_due_ms: row.try_get(3)?,
+    };
+    let following = match row.try_get::<Option<i64>, _>(4)? {
+        None => None,
+        Some(delivery_id) => Some(Claimed {
+            delivery_id,
+            subscription_uid: row.try_get(10)?,
+            event_id: row.try_get(5)?,
+            event_type: row.try_get(6)?,
+            body: row.try_get(7)?,
+            attempt: row.try_get::<i32, _>(8)?.max(0) as u32,
+            window_start_ms: row.try_get(9)?,
+            fence: claim.fence,
+        }),
+    };
+    Ok((completion, following))
 }
 
 /// What a `herald_new_work` payload says.

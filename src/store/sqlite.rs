@@ -725,74 +725,25 @@ impl Store for SqliteStore {
         then_claim: Option<i64>,
     ) -> Result<(Completion, Option<Claimed>)> {
         self.run(Durability::Relaxed, move |conn| {
-            let (state, due_ms) = match next {
-                Next::Delivered => (DeliveryState::Delivered, attempt.at_ms),
-                Next::Retry { due_ms } => (DeliveryState::Pending, due_ms),
-                Next::DeadLetter | Next::Gone => (DeliveryState::Dead, attempt.at_ms),
-            };
-            let finished = (state != DeliveryState::Pending).then_some(attempt.at_ms);
-            let (shard, epoch) = claim.fence.map_or((None, None), |f| (Some(f.shard), Some(f.epoch)));
-            // Only while the delivery is in flight under this claim (its attempt number and,
-            // when fenced, the shard still at the claim's epoch).
-            let sub_uid: Option<String> = conn
-                .prepare_cached(
-                    "UPDATE deliveries SET state = ?2, due_ms = ?3, finished_ms = ?4
-                     WHERE id = ?1 AND state = 1 AND attempts = ?5
-                       AND (?6 IS NULL OR EXISTS (SELECT 1 FROM shard_owners
-                                                  WHERE shard = ?6 AND epoch = ?7))
-                     RETURNING sub_uid",
-                )?
-                .query_row(
-                    params![claim.delivery_id, state.code(), due_ms, finished, claim.attempt, shard, epoch],
-                    |r| r.get(0),
-                )
-                .optional()?;
-            let log = |message: &str| {
-                conn.prepare_cached(
-                    "INSERT INTO attempt_log (delivery, at_ms, outcome, status_code, latency_ms, message)
-                     SELECT id, ?2, ?3, ?4, ?5, ?6 FROM deliveries WHERE id = ?1",
-                )?
-                .execute(params![
-                    claim.delivery_id,
-                    attempt.at_ms,
-                    attempt.outcome,
-                    attempt.status_code,
-                    attempt.latency_ms as i64,
-                    message
-                ])
-            };
-            let Some(sub_uid) = sub_uid else {
-                // Stale (a take-over, a later claim): history only. Purged: nothing.
-                log(&superseded_message(&attempt.message))?;
-                return Ok((Completion::default(), None));
-            };
-            log(&attempt.message)?;
-            let ok = next == Next::Delivered;
-            let gone = next == Next::Gone;
-            // Whether a 410 disables it now, or found it disabled already.
-            let was_disabled = gone
-                && conn
-                    .prepare_cached("SELECT disabled FROM subscriptions WHERE uid = ?1")?
-                    .query_row([&sub_uid], |r| r.get::<_, bool>(0))
-                    .optional()?
-                    .unwrap_or(true);
-            let (failures, disabled_now): (u32, bool) = conn
-                .prepare_cached(COUNT_ATTEMPT)?
-                .query_row(params![sub_uid, ok, next.is_dead(), gone], |r| Ok((r.get(0)?, r.get(1)?)))
-                .optional()?
-                .unwrap_or((0, false));
-            let disabled_now = if gone { !was_disabled } else { disabled_now };
-            let following = match then_claim {
-                Some(now_ms) if ok => match claim_due(conn, sub_uid.clone(), now_ms, claim.fence)? {
-                    Claim::Claimed(claimed) => Some(claimed),
-                    Claim::Idle { .. } => None,
-                },
-                _ => None,
-            };
-            let next_due_ms = next_due(conn, &sub_uid)?;
-            let completion =
-                Completion { recorded: true, disabled_now, consecutive_failures: failures, next_due_ms };
-            Ok((completion, following))
+            complete(conn, claim, attempt, next, then_claim)
+        })
+        .await
+    }
+
+    async fn complete_dead_letter(
+        &self,
+        claim: ClaimRef,
+        attempt: AttemptRecord,
+        next: Next,
+        letter: NewEvent,
+        sink: String,
+    ) -> Result<Completion> {
+        self.run(Durability::Relaxed, move |conn| {
+            let (completion, _) = complete(conn, claim, attempt, next, None)?;
+            if completion.recorded {
+                publish(conn, letter, vec![sink])?;
+            }
+            Ok(completion)
         })
         .await
     }
@@ -1047,6 +998,100 @@ impl Store for SqliteStore {
         })
         .await
     }
+}
+
+/// Records an attempt (see [`Store::complete_and_claim`]) in the caller's transaction.
+fn complete(
+    conn: &Connection,
+    claim: ClaimRef,
+    attempt: AttemptRecord,
+    next: Next,
+    then_claim: Option<i64>,
+) -> rusqlite::Result<(Completion, Option<Claimed>)> {
+    let (state, due_ms) = match next {
+        Next::Delivered => (DeliveryState::Delivered, attempt.at_ms),
+        Next::Retry { due_ms } => (DeliveryState::Pending, due_ms),
+        Next::DeadLetter | Next::Gone => (DeliveryState::Dead, attempt.at_ms),
+    };
+    let finished = (state != DeliveryState::Pending).then_some(attempt.at_ms);
+    let (shard, epoch) = claim
+        .fence
+        .map_or((None, None), |f| (Some(f.shard), Some(f.epoch)));
+    // Only while the delivery is in flight under this claim (its attempt number and,
+    // when fenced, the shard still at the claim's epoch).
+    let sub_uid: Option<String> = conn
+        .prepare_cached(
+            "UPDATE deliveries SET state = ?2, due_ms = ?3, finished_ms = ?4
+             WHERE id = ?1 AND state = 1 AND attempts = ?5
+               AND (?6 IS NULL OR EXISTS (SELECT 1 FROM shard_owners
+                                          WHERE shard = ?6 AND epoch = ?7))
+             RETURNING sub_uid",
+        )?
+        .query_row(
+            params![
+                claim.delivery_id,
+                state.code(),
+                due_ms,
+                finished,
+                claim.attempt,
+                shard,
+                epoch
+            ],
+            |r| r.get(0),
+        )
+        .optional()?;
+    let log = |message: &str| {
+        conn.prepare_cached(
+            "INSERT INTO attempt_log (delivery, at_ms, outcome, status_code, latency_ms, message)
+             SELECT id, ?2, ?3, ?4, ?5, ?6 FROM deliveries WHERE id = ?1",
+        )?
+        .execute(params![
+            claim.delivery_id,
+            attempt.at_ms,
+            attempt.outcome,
+            attempt.status_code,
+            attempt.latency_ms as i64,
+            message
+        ])
+    };
+    let Some(sub_uid) = sub_uid else {
+        // Stale (a take-over, a later claim): history only. Purged: nothing.
+        log(&superseded_message(&attempt.message))?;
+        return Ok((Completion::default(), None));
+    };
+    log(&attempt.message)?;
+    let ok = next == Next::Delivered;
+    let gone = next == Next::Gone;
+    // Whether a 410 disables it now, or found it disabled already.
+    let was_disabled = gone
+        && conn
+            .prepare_cached("SELECT disabled FROM subscriptions WHERE uid = ?1")?
+            .query_row([&sub_uid], |r| r.get::<_, bool>(0))
+            .optional()?
+            .unwrap_or(true);
+    let (failures, disabled_now): (u32, bool) = conn
+        .prepare_cached(COUNT_ATTEMPT)?
+        .query_row(params![sub_uid, ok, next.is_dead(), gone], |r| {
+            Ok((r.get(0)?, r.get(1)?))
+        })
+        .optional()?
+        .unwrap_or((0, false));
+    let disabled_now = if gone { !was_disabled } else { disabled_now };
+    let following = match then_claim {
+        Some(now_ms) if ok => match claim_due(conn, sub_uid.clone(), now_ms, claim.fence)? {
+            Claim::Claimed(claimed) => Some(claimed),
+            Claim::Idle { .. } => None,
+        },
+        _ => None,
+    };
+    let next_due_ms = next_due(conn, &sub_uid)?;
+    let completion = Completion {
+        recorded: true,
+        disabled_now,
+        consecutive_failures: failures,
+        next_due_ms,
+    };
+    Ok((completion, following))
 }
 
 /// SQLite integers are signed; counts never are.

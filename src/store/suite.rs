@@ -81,6 +81,7 @@ pub async fn run(store: &dyn Store) {
     dead_letters_list_and_replay(store).await;
     replay_by_publish_time(store).await;
     attempts_are_searched_by_namespace(store).await;
+    a_death_queues_its_letter_with_it(store).await;
     in_flight_is_recovered(store).await;
     pause_blocks_claims(store).await;
     prune_keeps_what_is_unfinished(store).await;
@@ -683,6 +684,85 @@ async fn attempts_are_searched_by_namespace(store: &dyn Store) {
     for uid in ["sa1", "sa2", "so1"] {
         store.remove_subscription(uid).await.unwrap();
     }
+}
+
+async fn a_death_queues_its_letter_with_it(store: &dyn Store) {
+    store.upsert_subscription(sub("dl1")).await.unwrap();
+    store.upsert_subscription(sub("dl1-sink")).await.unwrap();
+    let letter = |id: &str| NewEvent {
+        event_type: "herald.dead_letter".into(),
+        ..event(id, 700)
+    };
+    publish_to(store, "dl1", "evt-dl", 2, 600).await;
+    // A stale claim's death is history only: no letter.
+    let first = claim(store, "dl1", 600).await;
+    let stale = ClaimRef {
+        attempt: first.attempt + 1,
+        ..first.claim_ref()
+    };
+    let dead = attempt(700, "Terminal", Some(400));
+    let done = store
+        .complete_dead_letter(
+            stale,
+            dead.clone(),
+            Next::DeadLetter,
+            letter("letter-0"),
+            "dl1-sink".into(),
+        )
+        .await
+        .unwrap();
+    assert!(!done.recorded);
+    assert!(pending_ids(store, "dl1-sink").await.is_empty());
+    // Recorded: the delivery is dead and the letter waits on the sink's lane.
+    let done = store
+        .complete_dead_letter(
+            first.claim_ref(),
+            dead.clone(),
+            Next::DeadLetter,
+            letter("letter-1"),
+            "dl1-sink".into(),
+        )
+        .await
+        .unwrap();
+    assert!(done.recorded);
+    assert_eq!(pending_ids(store, "dl1-sink").await, ["letter-1"]);
+    let sent = claim(store, "dl1-sink", 800).await;
+    assert_eq!(
+        (sent.event_type.as_str(), sent.body.clone()),
+        ("herald.dead_letter", letter("letter-1").body)
+    );
+    // The same record again (its answer was lost): stale now, nothing more queued.
+    let again = store
+        .complete_dead_letter(
+            first.claim_ref(),
+            dead.clone(),
+            Next::DeadLetter,
+            letter("letter-1"),
+            "dl1-sink".into(),
+        )
+        .await
+        .unwrap();
+    assert!(!again.recorded);
+    // A sink's lane that is gone gets nothing; the death is recorded all the same.
+    store.remove_subscription("dl1-sink").await.unwrap();
+    let second = claim(store, "dl1", 900).await;
+    let done = store
+        .complete_dead_letter(
+            second.claim_ref(),
+            dead,
+            Next::DeadLetter,
+            letter("letter-2"),
+            "dl1-sink".into(),
+        )
+        .await
+        .unwrap();
+    assert!(done.recorded);
+    assert!(pending_ids(store, "dl1-sink").await.is_empty());
+    assert_eq!(
+        store.subscription_state("dl1").await.unwrap().unwrap().dead,
+        2
+    );
+    store.remove_subscription("dl1").await.unwrap();
 }
 
 async fn dead_letters_list_and_replay(store: &dyn Store) {

@@ -189,6 +189,17 @@ impl Store for FaultyStore {
         }
         Ok((completion, claimed))
     }
+    async fn complete_dead_letter(
+        &self,
+        c: ClaimRef,
+        a: AttemptRecord,
+        n: Next,
+        letter: NewEvent,
+        sink: String,
+    ) -> Result<Completion> {
+        self.up()?;
+        self.inner.complete_dead_letter(c, a, n, letter, sink).await
+    }
     async fn recover_in_flight(&self, now: i64) -> Result<u64> {
         self.up()?;
         self.inner.recover_in_flight(now).await

@@ -91,6 +91,21 @@ impl<S: Store> Store for Timed<S> {
         )
         .await
     }
+    async fn complete_dead_letter(
+        &self,
+        claim: ClaimRef,
+        attempt: AttemptRecord,
+        next: Next,
+        letter: NewEvent,
+        sink: String,
+    ) -> Result<Completion> {
+        timed(
+            "complete_dead_letter",
+            self.0
+                .complete_dead_letter(claim, attempt, next, letter, sink),
+        )
+        .await
+    }
     async fn recover_in_flight(&self, now_ms: i64) -> Result<u64> {
         timed("recover_in_flight", self.0.recover_in_flight(now_ms)).await
     }

@@ -18,11 +18,11 @@ use tracing::Instrument;
 
 use super::fence::{Fence, NotHeld};
 use super::{Engine, Notice};
-use crate::delivery::SubscriptionConfig;
 use crate::delivery::clock::now_ms;
 use crate::delivery::http::{AttemptResult, Target};
 use crate::delivery::outcome::Outcome;
 use crate::delivery::retry::{self, Decision};
+use crate::delivery::{SubscriptionConfig, dead_letter};
 use crate::store::{self, AttemptRecord, Claim, Claimed, Completion, Next};
 
 /// A slot of a lane, taken from the scheduler, that one attempt runs in.
@@ -211,6 +211,14 @@ impl Engine {
                     Next::Delivered | Next::DeadLetter | Next::Gone => {
                         inner.pending_sub(&config.namespace, 1)
                     }
+                }
+                // Its letter waits for the sink's lane.
+                if next.is_dead() && config.dead_letter_sink.is_some() {
+                    *inner
+                        .pending
+                        .entry(config.namespace.to_string())
+                        .or_default() += 1;
+                    self.wake_for_work(&mut inner, &crate::delivery::sink_uid(uid));
                 }
                 match done.next_due_ms {
                     Some(at) if at > now_ms() => {
@@ -419,12 +427,29 @@ impl Engine {
     ) -> (store::Result<Completion>, Option<Claimed>) {
         let mut then_claim = go_on.then(now_ms);
         let mut backoff = Duration::from_millis(100);
+        // A death with a sink queues its letter in the same transaction.
+        let letter = (next.is_dead() && config.dead_letter_sink.is_some())
+            .then(|| dead_letter::letter(config, claimed, record));
         loop {
-            match self
-                .store
-                .complete_and_claim(claimed.claim_ref(), record.clone(), next, then_claim)
-                .await
-            {
+            let recorded = match &letter {
+                Some(letter) => self
+                    .store
+                    .complete_dead_letter(
+                        claimed.claim_ref(),
+                        record.clone(),
+                        next,
+                        letter.clone(),
+                        crate::delivery::sink_uid(&config.uid),
+                    )
+                    .await
+                    .map(|completion| (completion, None)),
+                None => {
+                    self.store
+                        .complete_and_claim(claimed.claim_ref(), record.clone(), next, then_claim)
+                        .await
+                }
+            };
+            match recorded {
                 Ok((completion, following)) => return (Ok(completion), following),
                 Err(e) if !self.stopping.load(Ordering::Acquire) => {
                     tracing::error!(error = %e, namespace = %config.namespace, subscription = %config.name, event_id = %claimed.event_id, retry_in_ms = backoff.as_millis() as u64, "recording an attempt failed; retrying the record");
@@ -496,6 +521,8 @@ fn decide(
     match result.outcome {
         Outcome::Accepted => (Next::Delivered, result.message.clone()),
         Outcome::Terminal => (Next::DeadLetter, result.message.clone()),
+        // A dead-letter sink that is gone drops the letter; nothing disables its lane.
+        Outcome::Gone if config.sink_for.is_some() => (Next::DeadLetter, result.message.clone()),
         Outcome::Gone => (Next::Gone, result.message.clone()),
         Outcome::Transient => match retry::after_transient_failure(
             &config.limits,

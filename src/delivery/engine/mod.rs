@@ -343,7 +343,14 @@ impl Engine {
 
     /// Subscriptions the store holds as live, to match a configuration after a restart.
     pub async fn stored_subscriptions(&self) -> Result<Vec<SubscriptionRecord>, EngineError> {
-        Ok(self.store.live_subscriptions().await?)
+        // Not the lanes of dead-letter sinks: the engine keeps those with their subscription.
+        Ok(self
+            .store
+            .live_subscriptions()
+            .await?
+            .into_iter()
+            .filter(|s| !s.uid.ends_with(crate::delivery::SINK_SUFFIX))
+            .collect())
     }
 
     /// An engine for unit tests: small limits, egress to loopback only.

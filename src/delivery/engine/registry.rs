@@ -52,10 +52,38 @@ impl Engine {
         Ok(())
     }
 
-    /// Adds or updates a subscription. A uid the store has tombstoned stays removed.
+    /// Adds or updates a subscription, and the lane that sends its dead letters to its sink
+    /// (`spec.deadLetterSink`): without a sink now, a lane it had is held, its letters kept
+    /// until a sink is set again. A uid the store has tombstoned stays removed.
     pub async fn upsert(
         &self,
+        config: SubscriptionConfig,
+    ) -> Result<SubscriptionState, EngineError> {
+        let sink = config.sink_lane();
+        let sink_uid = crate::delivery::sink_uid(&config.uid);
+        let state = self.upsert_lane(config, true).await?;
+        if !state.live {
+            return Ok(state);
+        }
+        let sink = match sink {
+            Some(lane) => Some(lane),
+            None => self.config(&sink_uid).map(|lane| SubscriptionConfig {
+                paused: true,
+                ..(*lane).clone()
+            }),
+        };
+        if let Some(lane) = sink {
+            self.upsert_lane(lane, false).await?;
+        }
+        Ok(state)
+    }
+
+    /// Adds or updates one lane; `named`: a subscription the API finds by name and a
+    /// publish matches (not a dead-letter sink's lane).
+    async fn upsert_lane(
+        &self,
         mut config: SubscriptionConfig,
+        named: bool,
     ) -> Result<SubscriptionState, EngineError> {
         let state = self
             .store
@@ -89,16 +117,18 @@ impl Engine {
         inner
             .scheduler
             .upsert_lane(&uid, &config.namespace, config.width);
-        inner
-            .by_namespace
-            .entry(config.namespace.clone())
-            .or_default()
-            .insert(uid.clone());
-        inner
-            .by_name
-            .entry(config.namespace.clone())
-            .or_default()
-            .insert(config.name.clone(), uid.clone());
+        if named {
+            inner
+                .by_namespace
+                .entry(config.namespace.clone())
+                .or_default()
+                .insert(uid.clone());
+            inner
+                .by_name
+                .entry(config.namespace.clone())
+                .or_default()
+                .insert(config.name.clone(), uid.clone());
+        }
         // Only a lane that may have due work is woken: one released from hold, or one the
         // store had work for at recovery. A new or merely changed lane has nothing due that a
         // publish, a timer or recovery would not wake it for, and waking every lane would make
@@ -118,9 +148,18 @@ impl Engine {
         Ok(state)
     }
 
-    /// The purge-and-fence for a removed subscription of `namespace`: once this returns, no
-    /// attempt for it starts again. Returns how many unfinished deliveries were purged.
+    /// The purge-and-fence for a removed subscription of `namespace` and its dead-letter
+    /// sink's lane: once this returns, no attempt for either starts again. Returns how many
+    /// unfinished deliveries were purged.
     pub async fn remove(&self, namespace: &str, uid: &str) -> Result<u64, EngineError> {
+        let purged = self.remove_lane(namespace, uid).await?;
+        Ok(purged
+            + self
+                .remove_lane(namespace, &crate::delivery::sink_uid(uid))
+                .await?)
+    }
+
+    async fn remove_lane(&self, namespace: &str, uid: &str) -> Result<u64, EngineError> {
         let purged = self.store.remove_subscription(uid).await?;
         crate::metrics::get()
             .purged
