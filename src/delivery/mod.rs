@@ -56,11 +56,12 @@ pub struct SubscriptionConfig {
     pub headers: Vec<(HeaderName, HeaderValue)>,
     pub paused: bool,
     pub disable_after: u32,
-    /// `spec.deadLetterSink.url`, checked like `url`.
-    pub dead_letter_sink: Option<Box<str>>,
-    /// Set on a dead-letter sink's lane (see [`SubscriptionConfig::sink_lane`]): the uid of
-    /// the subscription whose dead letters it sends.
-    pub sink_for: Option<Arc<str>>,
+    /// `spec.deadLetterSink.url`, checked like `url` (a thin box: most subscriptions have
+    /// none, and the config keeps to its size class).
+    pub dead_letter_sink: Option<Box<String>>,
+    /// This is the lane of a subscription's dead-letter sink (see
+    /// [`SubscriptionConfig::sink_lane`]).
+    pub is_sink_lane: bool,
 }
 
 /// An absolute http(s) URL with a host and no user info.
@@ -102,7 +103,7 @@ impl SubscriptionConfig {
             .as_ref()
             .map(|sink| checked_url("spec.deadLetterSink.url", &sink.url))
             .transpose()?
-            .map(|url| url.as_str().into());
+            .map(|url| Box::new(url.to_string()));
         let mut headers = Vec::with_capacity(spec.headers.len());
         for (name, value) in &spec.headers {
             let name = HeaderName::try_from(name.as_str())
@@ -175,7 +176,7 @@ impl SubscriptionConfig {
             paused: spec.paused,
             disable_after: spec.disable_after_consecutive_failures,
             dead_letter_sink,
-            sink_for: None,
+            is_sink_lane: false,
         })
     }
 
@@ -190,7 +191,7 @@ impl SubscriptionConfig {
     /// its headers, order or rate limit, and never disabled. It matches no event type and is
     /// no object of its own: the API's names and status never show it.
     pub fn sink_lane(&self) -> Option<Self> {
-        let url = self.dead_letter_sink.clone()?;
+        let url = self.dead_letter_sink.as_deref()?.as_str().into();
         Some(Self {
             uid: sink_uid(&self.uid).into(),
             namespace: self.namespace.clone(),
@@ -209,7 +210,7 @@ impl SubscriptionConfig {
             paused: self.paused,
             disable_after: 0,
             dead_letter_sink: None,
-            sink_for: Some(self.uid.clone()),
+            is_sink_lane: true,
         })
     }
 

@@ -522,7 +522,7 @@ fn decide(
         Outcome::Accepted => (Next::Delivered, result.message.clone()),
         Outcome::Terminal => (Next::DeadLetter, result.message.clone()),
         // A dead-letter sink that is gone drops the letter; nothing disables its lane.
-        Outcome::Gone if config.sink_for.is_some() => (Next::DeadLetter, result.message.clone()),
+        Outcome::Gone if config.is_sink_lane => (Next::DeadLetter, result.message.clone()),
         Outcome::Gone => (Next::Gone, result.message.clone()),
         Outcome::Transient => match retry::after_transient_failure(
             &config.limits,
