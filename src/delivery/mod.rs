@@ -78,14 +78,7 @@ fn checked_url(field: &str, text: &str) -> Result<reqwest::Url, String> {
     Ok(url)
 }
 
-/// What a dead-letter sink's lane's uid and name end with.
-pub const SINK_SUFFIX: &str = "/dead-letter-sink";
-
-/// The uid of the lane that sends `uid`'s dead letters to its sink. A uid never holds '/'
-/// (a Kubernetes UID or a UUID), nor ',' or ':' (which store notices use).
-pub fn sink_uid(uid: &str) -> String {
-    format!("{uid}{SINK_SUFFIX}")
-}
+pub use crate::store::{SINK_SUFFIX, sink_uid};
 
 impl SubscriptionConfig {
     /// Builds the engine's view of a spec. `secrets` are the resolved secret values in the

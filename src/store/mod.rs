@@ -480,6 +480,15 @@ impl AttemptPage {
     }
 }
 
+/// What the uid and name of a dead-letter sink's lane end with.
+pub const SINK_SUFFIX: &str = "/dead-letter-sink";
+
+/// The uid of the lane that sends `uid`'s dead letters to its sink. A uid never holds '/'
+/// (a Kubernetes UID or a UUID), nor ',' or ':' (which store notices use).
+pub fn sink_uid(uid: &str) -> String {
+    format!("{uid}{SINK_SUFFIX}")
+}
+
 /// Which deliveries to list.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum StateFilter {
@@ -508,8 +517,9 @@ pub trait Store: Send + Sync + 'static {
     /// state either way.
     async fn upsert_subscription(&self, sub: SubscriptionRecord) -> Result<SubscriptionState>;
 
-    /// The purge-and-fence: deletes every unfinished delivery of the subscription and
-    /// tombstones it, in one transaction. Returns the number of deliveries purged.
+    /// The purge-and-fence: deletes every unfinished delivery of the subscription and of its
+    /// dead-letter sink's lane ([`sink_uid`]) and tombstones both, in one transaction.
+    /// Returns the number of deliveries purged.
     async fn remove_subscription(&self, uid: &str) -> Result<u64>;
 
     /// Disables or re-enables (which also resets the consecutive-failure count).

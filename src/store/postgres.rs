@@ -401,23 +401,30 @@ impl Store for PostgresStore {
     async fn remove_subscription(&self, uid: &str) -> Result<u64> {
         within(BULK_TIMEOUT, async {
             let mut tx = self.synced.begin().await?;
-            // The row first: that waits for every claim and publish holding it, and holds off
-            // every later one until the commit (after which they see the tombstone).
-            query(HOLD_SUBSCRIPTION).bind(uid).execute(&mut *tx).await?;
-            query(
-                "INSERT INTO subscriptions (uid, namespace, name, live) VALUES ($1, '', '', false)
-                 ON CONFLICT (uid) DO UPDATE SET live = false",
-            )
-            .bind(uid)
-            .execute(&mut *tx)
-            .await?;
-            // A statement of its own, so that it sees what those claims and publishes
-            // committed while the tombstone waited for them.
-            let purged = query("DELETE FROM deliveries WHERE sub_uid = $1 AND state IN (0, 1)")
+            // The subscription and its dead-letter sink's lane, in the order a death's record
+            // takes them. Each row first: that waits for every claim and publish holding it,
+            // and holds off every later one until the commit (after which they see the
+            // tombstone).
+            let uids = [uid.to_string(), sink_uid(uid)];
+            for uid in &uids {
+                query(HOLD_SUBSCRIPTION).bind(uid).execute(&mut *tx).await?;
+                query(
+                    "INSERT INTO subscriptions (uid, namespace, name, live) VALUES ($1, '', '', false)
+                     ON CONFLICT (uid) DO UPDATE SET live = false",
+                )
                 .bind(uid)
                 .execute(&mut *tx)
-                .await?
-                .rows_affected();
+                .await?;
+            }
+            // A statement of its own, so that it sees what those claims and publishes
+            // committed while the tombstones waited for them.
+            let purged = query(
+                "DELETE FROM deliveries WHERE sub_uid = ANY($1) AND state IN (0, 1)",
+            )
+            .bind(&uids[..])
+            .execute(&mut *tx)
+            .await?
+            .rows_affected();
             tx.commit().await?;
             Ok(purged)
         })

@@ -510,23 +510,27 @@ impl Store for SqliteStore {
     async fn remove_subscription(&self, uid: &str) -> Result<u64> {
         let uid = uid.to_string();
         self.run(Durability::Synced, move |conn| {
-            // A delivery's history goes with it: SQLite gives a deleted row's id to the next
-            // one, and a history left behind would then be read as that delivery's.
-            conn.execute(
-                "DELETE FROM attempt_log WHERE delivery IN
-                     (SELECT id FROM deliveries WHERE sub_uid = ?1 AND state IN (0, 1))",
-                [&uid],
-            )?;
-            let purged = conn.execute(
-                "DELETE FROM deliveries WHERE sub_uid = ?1 AND state IN (0, 1)",
-                [&uid],
-            )?;
-            // Tombstone rather than delete, so a stale upsert cannot bring it back.
-            conn.execute(
-                "INSERT INTO subscriptions (uid, namespace, name, live) VALUES (?1, '', '', 0)
-                 ON CONFLICT (uid) DO UPDATE SET live = 0",
-                [&uid],
-            )?;
+            // The subscription and its dead-letter sink's lane.
+            let mut purged = 0;
+            for uid in [uid.clone(), sink_uid(&uid)] {
+                // A delivery's history goes with it: SQLite gives a deleted row's id to the
+                // next one, and a history left behind would then be read as that delivery's.
+                conn.execute(
+                    "DELETE FROM attempt_log WHERE delivery IN
+                         (SELECT id FROM deliveries WHERE sub_uid = ?1 AND state IN (0, 1))",
+                    [&uid],
+                )?;
+                purged += conn.execute(
+                    "DELETE FROM deliveries WHERE sub_uid = ?1 AND state IN (0, 1)",
+                    [&uid],
+                )?;
+                // Tombstone rather than delete, so a stale upsert cannot bring it back.
+                conn.execute(
+                    "INSERT INTO subscriptions (uid, namespace, name, live) VALUES (?1, '', '', 0)
+                     ON CONFLICT (uid) DO UPDATE SET live = 0",
+                    [&uid],
+                )?;
+            }
             Ok(purged as u64)
         })
         .await

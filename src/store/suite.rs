@@ -688,7 +688,8 @@ async fn attempts_are_searched_by_namespace(store: &dyn Store) {
 
 async fn a_death_queues_its_letter_with_it(store: &dyn Store) {
     store.upsert_subscription(sub("dl1")).await.unwrap();
-    store.upsert_subscription(sub("dl1-sink")).await.unwrap();
+    let sink = sink_uid("dl1");
+    store.upsert_subscription(sub(&sink)).await.unwrap();
     let letter = |id: &str| NewEvent {
         event_type: "herald.dead_letter".into(),
         ..event(id, 700)
@@ -707,12 +708,12 @@ async fn a_death_queues_its_letter_with_it(store: &dyn Store) {
             dead.clone(),
             Next::DeadLetter,
             letter("letter-0"),
-            "dl1-sink".into(),
+            sink.clone(),
         )
         .await
         .unwrap();
     assert!(!done.recorded);
-    assert!(pending_ids(store, "dl1-sink").await.is_empty());
+    assert!(pending_ids(store, &sink).await.is_empty());
     // Recorded: the delivery is dead and the letter waits on the sink's lane.
     let done = store
         .complete_dead_letter(
@@ -720,13 +721,13 @@ async fn a_death_queues_its_letter_with_it(store: &dyn Store) {
             dead.clone(),
             Next::DeadLetter,
             letter("letter-1"),
-            "dl1-sink".into(),
+            sink.clone(),
         )
         .await
         .unwrap();
     assert!(done.recorded);
-    assert_eq!(pending_ids(store, "dl1-sink").await, ["letter-1"]);
-    let sent = claim(store, "dl1-sink", 800).await;
+    assert_eq!(pending_ids(store, &sink).await, ["letter-1"]);
+    let sent = claim(store, &sink, 800).await;
     assert_eq!(
         (sent.event_type.as_str(), sent.body.clone()),
         ("herald.dead_letter", letter("letter-1").body)
@@ -738,13 +739,21 @@ async fn a_death_queues_its_letter_with_it(store: &dyn Store) {
             dead.clone(),
             Next::DeadLetter,
             letter("letter-1"),
-            "dl1-sink".into(),
+            sink.clone(),
         )
         .await
         .unwrap();
     assert!(!again.recorded);
     // A sink's lane that is gone gets nothing; the death is recorded all the same.
-    store.remove_subscription("dl1-sink").await.unwrap();
+    store
+        .complete(
+            sent.claim_ref(),
+            attempt(800, "Accepted", Some(200)),
+            Next::Delivered,
+        )
+        .await
+        .unwrap();
+    store.remove_subscription(&sink).await.unwrap();
     let second = claim(store, "dl1", 900).await;
     let done = store
         .complete_dead_letter(
@@ -752,17 +761,25 @@ async fn a_death_queues_its_letter_with_it(store: &dyn Store) {
             dead,
             Next::DeadLetter,
             letter("letter-2"),
-            "dl1-sink".into(),
+            sink.clone(),
         )
         .await
         .unwrap();
     assert!(done.recorded);
-    assert!(pending_ids(store, "dl1-sink").await.is_empty());
+    assert!(pending_ids(store, &sink).await.is_empty());
     assert_eq!(
         store.subscription_state("dl1").await.unwrap().unwrap().dead,
         2
     );
     store.remove_subscription("dl1").await.unwrap();
+    // Removing a subscription purges and fences its sink's lane with it.
+    store.upsert_subscription(sub("dl2")).await.unwrap();
+    let sink = sink_uid("dl2");
+    store.upsert_subscription(sub(&sink)).await.unwrap();
+    publish_to(store, &sink, "evt-dl2-letter", 2, 1000).await;
+    assert_eq!(store.remove_subscription("dl2").await.unwrap(), 2);
+    assert!(!store.subscription_state(&sink).await.unwrap().unwrap().live);
+    assert!(!store.upsert_subscription(sub(&sink)).await.unwrap().live);
 }
 
 async fn dead_letters_list_and_replay(store: &dyn Store) {

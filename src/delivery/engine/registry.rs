@@ -152,20 +152,19 @@ impl Engine {
     /// sink's lane: once this returns, no attempt for either starts again. Returns how many
     /// unfinished deliveries were purged.
     pub async fn remove(&self, namespace: &str, uid: &str) -> Result<u64, EngineError> {
-        let purged = self.remove_lane(namespace, uid).await?;
-        Ok(purged
-            + self
-                .remove_lane(namespace, &crate::delivery::sink_uid(uid))
-                .await?)
-    }
-
-    async fn remove_lane(&self, namespace: &str, uid: &str) -> Result<u64, EngineError> {
         let purged = self.store.remove_subscription(uid).await?;
         crate::metrics::get()
             .purged
             .with_label_values(&[namespace])
             .inc_by(purged);
         let mut inner = self.lock();
+        self.forget_lane(&mut inner, uid, purged);
+        self.forget_lane(&mut inner, &crate::delivery::sink_uid(uid), 0);
+        Ok(purged)
+    }
+
+    /// Drops a removed lane (that had `purged` deliveries purged) from the engine.
+    fn forget_lane(&self, inner: &mut Inner, uid: &str, purged: u64) {
         inner.states.remove(uid);
         inner.paces.remove(uid);
         if let Some(config) = inner.subs.remove(uid) {
@@ -185,7 +184,6 @@ impl Engine {
         }
         inner.scheduler.remove_lane(uid);
         inner.timer_at.remove(uid);
-        Ok(purged)
     }
 
     /// Sets (or with None clears) a namespace's quota.
