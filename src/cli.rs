@@ -234,6 +234,12 @@ pub struct RunArgs {
     /// Read at start.
     #[arg(long, env = "HERALD_EGRESS_CA_FILE")]
     pub(crate) egress_ca_file: Option<PathBuf>,
+    /// Export a span per attempt of every event published with a W3C `traceparent` header
+    /// (a child of the producer's span) over OTLP/HTTP (protobuf) to this collector: its
+    /// base URL (http://collector:4318, to which /v1/traces is added) or the full traces
+    /// URL. Without it, attempts still carry the producer's trace context on.
+    #[arg(long, env = "HERALD_OTLP_ENDPOINT", value_parser = otlp_traces_url)]
+    pub(crate) otlp_endpoint: Option<url::Url>,
     /// Serve the ingest API over HTTPS with this PEM certificate chain (with
     /// --tls-key-file). Both files are looked at every 5 s (--ingest-tls-reload-interval)
     /// and a changed pair is used for new connections; a pair that cannot be used keeps the
@@ -462,4 +468,16 @@ mod tests {
         assert!(!format!("{args:?}").contains(":pw@"));
         assert!(Cli::try_parse_from(["herald", "run", "--store", "sqlite:///x"]).is_err());
     }
+}
+
+/// An OTLP/HTTP endpoint: a base URL gets the traces path.
+fn otlp_traces_url(text: &str) -> Result<url::Url, String> {
+    let mut url = url::Url::parse(text).map_err(|e| e.to_string())?;
+    if !matches!(url.scheme(), "http" | "https") || url.host().is_none() {
+        return Err("must be an http:// or https:// URL".into());
+    }
+    if url.path() == "/" {
+        url.set_path("/v1/traces");
+    }
+    Ok(url)
 }

@@ -157,14 +157,51 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
     }
     let nofile = ingest::listener::raise_nofile_limit();
     tracing::debug!(?nofile, "open-file limit");
-    if !args.standalone {
-        return runtime()?.block_on(run_cluster(args));
+    let spans = args.otlp_endpoint.as_ref().map(span_exporter).transpose()?;
+    let ran = if args.standalone {
+        let config_dir = args
+            .config
+            .clone()
+            .context("standalone mode needs --config DIR (a folder of manifests)")?;
+        runtime()?.block_on(run_standalone(args, config_dir))
+    } else {
+        runtime()?.block_on(run_cluster(args))
+    };
+    // The spans of the last attempts go out before the process ends.
+    if let Some(provider) = spans
+        && let Err(e) = provider.shutdown()
+    {
+        tracing::warn!(error = %e, "the last attempt spans could not be exported");
     }
-    let config_dir = args
-        .config
-        .clone()
-        .context("standalone mode needs --config DIR (a folder of manifests)")?;
-    runtime()?.block_on(run_standalone(args, config_dir))
+    ran
+}
+
+/// Installs the tracer provider that exports attempt spans (see [`crate::delivery::trace`])
+/// to `endpoint` over OTLP/HTTP, in batches on a thread of its own, each export bounded by
+/// a timeout.
+fn span_exporter(
+    endpoint: &url::Url,
+) -> anyhow::Result<opentelemetry_sdk::trace::SdkTracerProvider> {
+    use opentelemetry_otlp::WithExportConfig;
+    // The exporter's HTTP client is built here, and needs the TLS provider herald uses.
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let exporter = opentelemetry_otlp::SpanExporter::builder()
+        .with_http()
+        .with_endpoint(endpoint.as_str())
+        .with_timeout(Duration::from_secs(10))
+        .build()
+        .with_context(|| format!("the OTLP exporter for {endpoint}"))?;
+    let provider = opentelemetry_sdk::trace::SdkTracerProvider::builder()
+        .with_batch_exporter(exporter)
+        .with_resource(
+            opentelemetry_sdk::Resource::builder()
+                .with_service_name("herald")
+                .build(),
+        )
+        .build();
+    opentelemetry::global::set_tracer_provider(provider.clone());
+    tracing::info!(%endpoint, "attempt spans exported over OTLP");
+    Ok(provider)
 }
 
 /// Resolves on SIGTERM or SIGINT.

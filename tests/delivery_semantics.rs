@@ -644,6 +644,108 @@ async fn dead_letters_go_to_the_sink_on_a_lane_of_their_own() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn trace_context_reaches_receivers_and_the_collector() {
+    const TRACE: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
+    const PRODUCER_SPAN: &str = "00f067aa0ba902b7";
+    let sink = support::otlp::OtlpSink::start();
+    let receiver = Receiver::start().await;
+    receiver.set("/hook", Behaviour::Script(vec![503, 200]));
+    let endpoint = format!("http://127.0.0.1:{}", sink.port);
+    let mut args = ALLOW_LOOPBACK.to_vec();
+    args.extend(["--otlp-endpoint", &endpoint]);
+    let herald = Herald::start(
+        &hook(
+            &receiver,
+            json!({"delivery": {"retry": {"initialBackoff": "10ms", "maxBackoff": "20ms"}}}),
+        ),
+        &args,
+    );
+    let traceparent = format!("00-{TRACE}-{PRODUCER_SPAN}-01");
+    let (status, body) = herald
+        .post_with_headers(
+            &format!("/v1/namespaces/{NS}/events"),
+            json!({"id": "traced", "type": "order.paid", "data": {"n": 1}}),
+            &[("traceparent", &traceparent), ("tracestate", "shop=a1")],
+        )
+        .await;
+    assert_eq!(status, 202, "{body}");
+    settled(&herald, "hook", 1).await;
+    // Untraced, and with a traceparent that is not W3C's: accepted, and no trace.
+    herald
+        .publish(NS, json!({"id": "plain", "type": "order.paid"}))
+        .await;
+    let (status, _) = herald
+        .post_with_headers(
+            &format!("/v1/namespaces/{NS}/events"),
+            json!({"id": "odd", "type": "order.paid"}),
+            &[("traceparent", "00-nonsense")],
+        )
+        .await;
+    assert_eq!(status, 202);
+    settled(&herald, "hook", 3).await;
+    let hits = receiver.hits_for("/hook");
+    let traced: Vec<&Hit> = hits
+        .iter()
+        .filter(|h| h.header("webhook-id") == "traced")
+        .collect();
+    assert_eq!(traced.len(), 2, "a 503, then a 200");
+    // Each attempt: the producer's trace, a span of its own as the parent, the state on.
+    let mut attempt_spans = Vec::new();
+    for hit in &traced {
+        let fields: Vec<&str> = hit.header("traceparent").split('-').collect();
+        assert_eq!(
+            (fields[0], fields[1], fields[3]),
+            ("00", TRACE, "01"),
+            "{fields:?}"
+        );
+        assert_ne!(fields[2], PRODUCER_SPAN);
+        assert_eq!(hit.header("tracestate"), "shop=a1");
+        let body: Value = serde_json::from_slice(&hit.body).unwrap();
+        assert!(
+            body.get("traceparent").is_none(),
+            "never in the body: {body}"
+        );
+        assert_eq!(body["data"], json!({"n": 1}));
+        attempt_spans.push(fields[2].to_string());
+    }
+    assert_ne!(attempt_spans[0], attempt_spans[1]);
+    for hit in hits.iter().filter(|h| h.header("webhook-id") != "traced") {
+        assert!(
+            !hit.headers.contains_key("traceparent"),
+            "{:?}",
+            hit.headers
+        );
+    }
+    // The collector got one span per attempt, children of the producer's, with the
+    // span ids the receiver saw and the answers.
+    let spans = sink.wait_spans(TRACE, 2, Duration::from_secs(30)).await;
+    assert_eq!(spans.len(), 2, "{spans:?}");
+    let mut seen: Vec<(String, String)> = spans
+        .iter()
+        .map(|s| {
+            assert_eq!(s["parent_span_id"], PRODUCER_SPAN, "{s}");
+            assert_eq!(s["service"], "herald", "{s}");
+            assert_eq!(s["attributes"]["herald.event_id"], "traced", "{s}");
+            (
+                s["span_id"].as_str().unwrap().to_string(),
+                s["attributes"]["http.response.status_code"]
+                    .as_str()
+                    .unwrap()
+                    .to_string(),
+            )
+        })
+        .collect();
+    seen.sort_by_key(|(_, status)| status.clone());
+    assert_eq!(
+        seen,
+        [
+            (attempt_spans[1].clone(), "200".to_string()),
+            (attempt_spans[0].clone(), "503".to_string())
+        ]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn auto_disable_holds_deliveries_until_re_enabled() {
     let receiver = Receiver::start().await;
     receiver.set("/hook", Behaviour::Status(500));

@@ -61,6 +61,8 @@ pub fn letter(config: &SubscriptionConfig, claimed: &Claimed, last: &AttemptReco
         kind: LETTER_TYPE,
         timestamp: &timestamp,
         source: None,
+        traceparent: None,
+        tracestate: None,
         data: &data,
     })
     .unwrap_or_default();

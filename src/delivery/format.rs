@@ -19,8 +19,21 @@ pub struct Envelope<'a> {
     /// The CloudEvents `source` a producer gave (publishing a CloudEvent); else none.
     #[serde(default, skip_serializing_if = "Option::is_none", borrow)]
     pub source: Option<&'a str>,
+    /// The producer's W3C trace context (see [`crate::delivery::trace`]): sent as headers,
+    /// never in a body.
+    #[serde(default, skip_serializing_if = "Option::is_none", borrow)]
+    pub traceparent: Option<&'a str>,
+    #[serde(default, skip_serializing_if = "Option::is_none", borrow)]
+    pub tracestate: Option<&'a str>,
     #[serde(borrow)]
     pub data: &'a RawValue,
+}
+
+/// Whether a stored envelope may carry a trace context: only those are read before an
+/// attempt, and rewritten without it for the json format.
+pub fn may_be_traced(body: &[u8]) -> bool {
+    const KEY: &[u8] = b"\"traceparent\"";
+    body.windows(KEY.len()).any(|w| w == KEY)
 }
 
 /// The CloudEvents spec version herald speaks.
@@ -45,12 +58,30 @@ pub fn render(format: Format, namespace: &str, body: &[u8]) -> Rendered {
         body: body.to_vec(),
         headers: vec![("content-type", "application/json".into())],
     };
-    if format == Format::Json {
+    if format == Format::Json && !may_be_traced(body) {
         return as_stored();
     }
     let Ok(envelope) = serde_json::from_slice::<Envelope<'_>>(body) else {
         return as_stored();
     };
+    if format == Format::Json {
+        if envelope.traceparent.is_none() {
+            return as_stored();
+        }
+        // The envelope as an untraced event's: the trace context goes in headers.
+        let untraced = Envelope {
+            traceparent: None,
+            tracestate: None,
+            ..envelope
+        };
+        return match serde_json::to_vec(&untraced) {
+            Ok(body) => Rendered {
+                body,
+                headers: vec![("content-type", "application/json".into())],
+            },
+            Err(_) => as_stored(),
+        };
+    }
     let source = envelope
         .source
         .map_or_else(|| default_source(namespace), str::to_string);

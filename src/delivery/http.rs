@@ -28,6 +28,9 @@ pub struct Target<'a> {
     /// What the request carries, and the namespace (a CloudEvent's default source).
     pub format: Format,
     pub namespace: &'a str,
+    /// The attempt's span, when its event came with a trace context: its `traceparent`
+    /// and `tracestate` go out as headers.
+    pub trace: Option<&'a crate::delivery::trace::AttemptSpan>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -134,6 +137,14 @@ impl HttpSender {
             headers.insert(EVENT_TYPE_HEADER, kind);
         }
         headers.insert(ATTEMPT_HEADER, HeaderValue::from(claimed.attempt));
+        if let Some(trace) = target.trace {
+            if let Ok(value) = HeaderValue::from_str(&trace.traceparent) {
+                headers.insert("traceparent", value);
+            }
+            if let Some(Ok(value)) = trace.tracestate.as_deref().map(HeaderValue::from_str) {
+                headers.insert("tracestate", value);
+            }
+        }
 
         let mut request = self
             .client

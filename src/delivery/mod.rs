@@ -14,6 +14,7 @@ pub mod pace;
 pub mod retry;
 pub mod scheduler;
 pub mod shards;
+pub mod trace;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -22,7 +22,7 @@ use serde::Deserialize;
 use serde_json::json;
 use serde_json::value::RawValue;
 
-use crate::delivery::engine::{Engine, EngineError};
+use crate::delivery::engine::{Engine, EngineError, Origin};
 use crate::store::StateFilter;
 use auth::{AccessRequest, AuthError, Authorizer, Verb};
 
@@ -394,15 +394,17 @@ async fn publish(
     };
     let null = RawValue::NULL;
     let data = request.data.as_deref().unwrap_or(null);
+    // The producer's W3C trace context, when well formed (else none, as the spec asks).
+    let header = |name| headers.get(name).and_then(|v| v.to_str().ok());
+    let origin = Origin {
+        source: request.source.as_deref(),
+        trace: header("traceparent").and_then(|traceparent| {
+            crate::delivery::trace::parse(traceparent, header("tracestate"))
+        }),
+    };
     let result = api
         .engine
-        .publish(
-            &namespace,
-            request.id,
-            &request.kind,
-            request.source.as_deref(),
-            data,
-        )
+        .publish(&namespace, request.id, &request.kind, &origin, data)
         .await?;
     Ok((
         StatusCode::ACCEPTED,

@@ -371,12 +371,21 @@ impl Herald {
     }
 
     pub async fn post(&self, path: &str, body: Value) -> (u16, Value) {
-        let response = self
-            .authorized(self.http.post(format!("{}{path}", self.base)))
-            .json(&body)
-            .send()
-            .await
-            .unwrap();
+        self.post_with_headers(path, body, &[]).await
+    }
+
+    /// [`Herald::post`] with these headers too.
+    pub async fn post_with_headers(
+        &self,
+        path: &str,
+        body: Value,
+        headers: &[(&str, &str)],
+    ) -> (u16, Value) {
+        let mut request = self.authorized(self.http.post(format!("{}{path}", self.base)));
+        for (name, value) in headers {
+            request = request.header(*name, *value);
+        }
+        let response = request.json(&body).send().await.unwrap();
         let status = response.status().as_u16();
         (status, response.json().await.unwrap_or(Value::Null))
     }

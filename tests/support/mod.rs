@@ -5,6 +5,7 @@ pub mod control_plane;
 pub mod cpu;
 pub mod herald;
 pub mod operator;
+pub mod otlp;
 pub mod postgres;
 pub mod receiver;
 pub mod scale_out;

@@ -22,7 +22,7 @@ use crate::delivery::clock::now_ms;
 use crate::delivery::http::{AttemptResult, Target};
 use crate::delivery::outcome::Outcome;
 use crate::delivery::retry::{self, Decision};
-use crate::delivery::{SubscriptionConfig, dead_letter};
+use crate::delivery::{SubscriptionConfig, dead_letter, format, trace};
 use crate::store::{self, AttemptRecord, Claim, Claimed, Completion, Next};
 
 /// A slot of a lane, taken from the scheduler, that one attempt runs in.
@@ -388,6 +388,19 @@ impl Engine {
     async fn send(&self, config: &SubscriptionConfig, claimed: &Claimed) -> AttemptResult {
         match &config.signer {
             Some(signer) => {
+                // A span for an event that came with a trace context, a child of its.
+                let trace = format::may_be_traced(&claimed.body)
+                    .then(|| trace::stored(&claimed.body))
+                    .flatten()
+                    .map(|parent| {
+                        trace::AttemptSpan::start(
+                            &parent,
+                            &config.namespace,
+                            &config.name,
+                            &claimed.event_id,
+                            claimed.attempt,
+                        )
+                    });
                 let target = Target {
                     url: &config.url,
                     signer,
@@ -395,8 +408,17 @@ impl Engine {
                     headers: &config.headers,
                     format: config.format,
                     namespace: &config.namespace,
+                    trace: trace.as_ref(),
                 };
-                self.sender.send(&target, claimed).await
+                let result = self.sender.send(&target, claimed).await;
+                if let Some(span) = trace {
+                    span.end(
+                        result.outcome.as_str(),
+                        result.status,
+                        result.outcome != Outcome::Accepted,
+                    );
+                }
+                result
             }
             // The store holds a subscription without a signer as paused; this is a race
             // with a configuration change. Nothing was sent: try again later.

@@ -13,22 +13,32 @@ use super::fence::Fence;
 use super::{Engine, EngineError, Notice, UNROUTED_NAMESPACE};
 use crate::delivery::clock::now_ms;
 use crate::delivery::format::Envelope;
+use crate::delivery::trace;
 use crate::store::{self, NewEvent, PublishResult};
 
 /// How often each namespace's stored bytes are taken from the store again (pruning frees
 /// them, other replicas add theirs), or twenty times what the last count took.
 const STORED_RECOUNT: Duration = Duration::from_secs(10);
 
+/// Where a published event comes from, beyond its body.
+#[derive(Clone, Debug, Default)]
+pub struct Origin<'a> {
+    /// A published CloudEvent's `source`, kept for CloudEvents receivers.
+    pub source: Option<&'a str>,
+    /// The producer's trace context (its `traceparent` and `tracestate` headers), kept with
+    /// the event for every attempt.
+    pub trace: Option<trace::Parent>,
+}
+
 impl Engine {
     /// Accepts an event: stored with one pending delivery per matching subscription before
     /// this returns. A repeated `id` returns the first answer and delivers nothing again.
-    /// `source`: a published CloudEvent's, kept for CloudEvents receivers.
     pub async fn publish(
         self: &Arc<Self>,
         namespace: &str,
         id: Option<String>,
         event_type: &str,
-        source: Option<&str>,
+        origin: &Origin<'_>,
         data: &RawValue,
     ) -> Result<PublishResult, EngineError> {
         // Fair admission first: a flood from one namespace waits at the door, not in the
@@ -55,11 +65,14 @@ impl Engine {
         let timestamp = k8s_openapi::jiff::Timestamp::from_millisecond(published_ms)
             .map(|t| t.to_string())
             .unwrap_or_default();
+        let traceparent = origin.trace.as_ref().map(|t| trace::header(&t.context));
         let body = serde_json::to_vec(&Envelope {
             id: &event_id,
             kind: event_type,
             timestamp: &timestamp,
-            source,
+            source: origin.source,
+            traceparent: traceparent.as_deref(),
+            tracestate: origin.trace.as_ref().and_then(|t| t.tracestate.as_deref()),
             data,
         })
         .map_err(|e| store::Error::Backend(e.to_string()))?;

@@ -49,7 +49,7 @@ fn hook(address: std::net::SocketAddr) -> SubscriptionConfig {
 async fn publish(engine: &Arc<Engine>, id: &str) {
     let data = RawValue::from_string("{}".into()).unwrap();
     engine
-        .publish("ns", Some(id.into()), "t", None, &data)
+        .publish("ns", Some(id.into()), "t", &Origin::default(), &data)
         .await
         .unwrap();
 }
@@ -311,7 +311,7 @@ async fn namespaces_without_subscriptions_share_one_published_series() {
     let data = RawValue::from_string("{}".into()).unwrap();
     for i in 0..50 {
         engine
-            .publish(&format!("nobody-{i}"), None, "t", None, &data)
+            .publish(&format!("nobody-{i}"), None, "t", &Origin::default(), &data)
             .await
             .unwrap();
     }
@@ -353,7 +353,10 @@ async fn byte_budgets_and_the_disk_reserve_refuse_publishes() {
     engine.set_quota("ns", None, None, Some(6_000));
     let mut accepted = 0;
     let refusal = loop {
-        match engine.publish("ns", None, "t", None, &data).await {
+        match engine
+            .publish("ns", None, "t", &Origin::default(), &data)
+            .await
+        {
             Ok(_) => accepted += 1,
             Err(e) => break e,
         }
@@ -378,7 +381,7 @@ async fn byte_budgets_and_the_disk_reserve_refuse_publishes() {
     );
     // Other namespaces are not held to ns's budget.
     engine
-        .publish("other", None, "t", None, &data)
+        .publish("other", None, "t", &Origin::default(), &data)
         .await
         .unwrap();
 
@@ -394,7 +397,7 @@ async fn byte_budgets_and_the_disk_reserve_refuse_publishes() {
     store.free.store(1 << 20, Ordering::SeqCst);
     for namespace in ["ns", "other", "third"] {
         let refusal = engine
-            .publish(namespace, None, "t", None, &data)
+            .publish(namespace, None, "t", &Origin::default(), &data)
             .await
             .unwrap_err();
         assert!(
@@ -404,7 +407,7 @@ async fn byte_budgets_and_the_disk_reserve_refuse_publishes() {
     }
     store.free.store(1 << 30, Ordering::SeqCst);
     engine
-        .publish("third", None, "t", None, &data)
+        .publish("third", None, "t", &Origin::default(), &data)
         .await
         .unwrap();
 }
