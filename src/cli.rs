@@ -432,6 +432,18 @@ impl std::fmt::Debug for StoreUrl {
     }
 }
 
+/// An OTLP/HTTP endpoint: a base URL gets the traces path.
+fn otlp_traces_url(text: &str) -> Result<url::Url, String> {
+    let mut url = url::Url::parse(text).map_err(|e| e.to_string())?;
+    if !matches!(url.scheme(), "http" | "https") || url.host().is_none() {
+        return Err("must be an http:// or https:// URL".into());
+    }
+    if url.path() == "/" {
+        url.set_path("/v1/traces");
+    }
+    Ok(url)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -468,16 +480,22 @@ mod tests {
         assert!(!format!("{args:?}").contains(":pw@"));
         assert!(Cli::try_parse_from(["herald", "run", "--store", "sqlite:///x"]).is_err());
     }
-}
 
-/// An OTLP/HTTP endpoint: a base URL gets the traces path.
-fn otlp_traces_url(text: &str) -> Result<url::Url, String> {
-    let mut url = url::Url::parse(text).map_err(|e| e.to_string())?;
-    if !matches!(url.scheme(), "http" | "https") || url.host().is_none() {
-        return Err("must be an http:// or https:// URL".into());
+    #[test]
+    fn an_otlp_base_url_gets_the_traces_path() {
+        assert_eq!(
+            super::otlp_traces_url("http://collector:4318")
+                .unwrap()
+                .as_str(),
+            "http://collector:4318/v1/traces"
+        );
+        assert_eq!(
+            super::otlp_traces_url("https://c.example/otlp/v1/traces")
+                .unwrap()
+                .as_str(),
+            "https://c.example/otlp/v1/traces"
+        );
+        assert!(super::otlp_traces_url("collector:4318").is_err());
+        assert!(super::otlp_traces_url("ftp://c/").is_err());
     }
-    if url.path() == "/" {
-        url.set_path("/v1/traces");
-    }
-    Ok(url)
 }

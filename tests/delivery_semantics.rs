@@ -693,6 +693,7 @@ async fn trace_context_reaches_receivers_and_the_collector() {
     let mut attempt_spans = Vec::new();
     for hit in &traced {
         let fields: Vec<&str> = hit.header("traceparent").split('-').collect();
+        assert_eq!(fields.len(), 4, "traceparent {:?}", hit.headers);
         assert_eq!(
             (fields[0], fields[1], fields[3]),
             ("00", TRACE, "01"),

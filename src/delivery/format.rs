@@ -189,4 +189,21 @@ mod tests {
         let rendered = render(Format::CloudeventsBinary, "shop", b"not json");
         assert_eq!(rendered.body, b"not json");
     }
+
+    #[test]
+    fn a_trace_context_goes_in_headers_never_in_the_body() {
+        let traced = br#"{"id":"evt-1","type":"order.created","timestamp":"2026-12-04T10:00:00Z","traceparent":"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01","tracestate":"a=b","data":{"n":1, "s":"x"}}"#;
+        assert!(may_be_traced(traced) && !may_be_traced(STORED));
+        let rendered = render(Format::Json, "shop", traced);
+        assert_eq!(
+            rendered.body,
+            br#"{"id":"evt-1","type":"order.created","timestamp":"2026-12-04T10:00:00Z","data":{"n":1, "s":"x"}}"#
+        );
+        assert_eq!(render(Format::Json, "shop", STORED).body, STORED);
+        let structured = render(Format::CloudeventsStructured, "shop", traced);
+        assert!(!String::from_utf8_lossy(&structured.body).contains("traceparent"));
+        // "traceparent" inside the data is the producer's business, sent as written.
+        let in_data = br#"{"id":"e","type":"t","timestamp":"x","data":{"traceparent":1}}"#;
+        assert_eq!(render(Format::Json, "shop", in_data).body, in_data);
+    }
 }
