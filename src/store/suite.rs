@@ -551,44 +551,20 @@ async fn attempts_are_searched_by_namespace(store: &dyn Store) {
             };
             store.publish(e, targets).await.unwrap();
         }
-        let c = claim(store, "sa1", at).await;
-        store
-            .complete(
-                c.claim_ref(),
-                attempt(at, "Transient", Some(503)),
-                Next::Retry { due_ms: at },
-            )
-            .await
-            .unwrap();
-        let c = claim(store, "so1", at).await;
-        store
-            .complete(
-                c.claim_ref(),
-                attempt(at, "Transient", Some(503)),
-                Next::Retry {
-                    due_ms: at + 1_000_000,
-                },
-            )
-            .await
-            .unwrap();
-        let c = claim(store, "sa2", at + 10).await;
-        store
-            .complete(
-                c.claim_ref(),
-                attempt(at + 10, "Terminal", Some(400)),
-                Next::DeadLetter,
-            )
-            .await
-            .unwrap();
-        let c = claim(store, "sa1", at + 20).await;
-        store
-            .complete(
-                c.claim_ref(),
-                attempt(at + 20, "Accepted", Some(200)),
-                Next::Delivered,
-            )
-            .await
-            .unwrap();
+        // (lane, at, outcome, status, what follows), in this order.
+        let busy = |due_ms| ("Transient", Some(503), Next::Retry { due_ms });
+        for (uid, at, (outcome, status, next)) in [
+            ("sa1", at, busy(at)),
+            ("so1", at, busy(at + 1_000_000)),
+            ("sa2", at + 10, ("Terminal", Some(400), Next::DeadLetter)),
+            ("sa1", at + 20, ("Accepted", Some(200), Next::Delivered)),
+        ] {
+            let c = claim(store, uid, at).await;
+            store
+                .complete(c.claim_ref(), attempt(at, outcome, status), next)
+                .await
+                .unwrap();
+        }
     }
     let search = |limit| AttemptSearch {
         namespace: "tenant-s".into(),
