@@ -36,10 +36,18 @@ struct Named<'a> {
 /// dying again after a replay queues another.
 pub fn letter(config: &SubscriptionConfig, claimed: &Claimed, last: &AttemptRecord) -> NewEvent {
     let id = format!("herald-dead-letter-{}-{}", claimed.delivery_id, last.at_ms);
-    // The stored envelope is JSON; anything else (a bug) is carried as a string.
-    let event = serde_json::from_slice::<&RawValue>(&claimed.body)
+    // The stored envelope without the producer's trace context (headers' business, never a
+    // body's); anything else (a bug) is carried as a string.
+    let event = serde_json::from_slice::<Envelope<'_>>(&claimed.body)
         .ok()
-        .map(|raw| raw.to_owned())
+        .and_then(|stored| {
+            serde_json::value::to_raw_value(&Envelope {
+                traceparent: None,
+                tracestate: None,
+                ..stored
+            })
+            .ok()
+        })
         .or_else(|| serde_json::value::to_raw_value(&String::from_utf8_lossy(&claimed.body)).ok());
     let fallback = RawValue::NULL.to_owned();
     let data = serde_json::value::to_raw_value(&Letter {
@@ -57,9 +65,9 @@ pub fn letter(config: &SubscriptionConfig, claimed: &Claimed, last: &AttemptReco
         .map(|t| t.to_string())
         .unwrap_or_default();
     let body = serde_json::to_vec(&Envelope {
-        id: &id,
-        kind: LETTER_TYPE,
-        timestamp: &timestamp,
+        id: id.as_str().into(),
+        kind: LETTER_TYPE.into(),
+        timestamp: timestamp.as_str().into(),
         source: None,
         traceparent: None,
         tracestate: None,
@@ -101,7 +109,8 @@ mod tests {
             subscription_uid: "uid-1".into(),
             event_id: "evt-1".into(),
             event_type: "order.paid".into(),
-            body: br#"{"id":"evt-1","type":"order.paid","timestamp":"t","data":{"n":1}}"#.to_vec(),
+            // A traced event: its trace context stays out of the letter's body.
+            body: br#"{"id":"evt-1","type":"order.paid","timestamp":"t","traceparent":"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01","tracestate":"a=b","data":{"n":1}}"#.to_vec(),
             attempt: 3,
             window_start_ms: 0,
             fence: None,

@@ -4,27 +4,33 @@
 //! `application/cloudevents+json` document). Pure: the stored envelope in, the body and the
 //! headers out; the body is what gets signed.
 
+use std::borrow::Cow;
+
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 
 pub use crate::api::subscription::Format;
 
-/// The stored envelope herald builds at publish (see `Engine::publish`).
+/// The stored envelope herald builds at publish (see `Engine::publish`). Its strings are
+/// borrowed from the stored bytes when they can be and copied when JSON escaped them (an
+/// id may hold `"` or `\`): an envelope is always read back.
 #[derive(Serialize, Deserialize)]
 pub struct Envelope<'a> {
-    pub id: &'a str,
-    #[serde(rename = "type")]
-    pub kind: &'a str,
-    pub timestamp: &'a str,
+    #[serde(borrow)]
+    pub id: Cow<'a, str>,
+    #[serde(rename = "type", borrow)]
+    pub kind: Cow<'a, str>,
+    #[serde(borrow)]
+    pub timestamp: Cow<'a, str>,
     /// The CloudEvents `source` a producer gave (publishing a CloudEvent); else none.
     #[serde(default, skip_serializing_if = "Option::is_none", borrow)]
-    pub source: Option<&'a str>,
+    pub source: Option<Cow<'a, str>>,
     /// The producer's W3C trace context (see [`crate::delivery::trace`]): sent as headers,
     /// never in a body.
     #[serde(default, skip_serializing_if = "Option::is_none", borrow)]
-    pub traceparent: Option<&'a str>,
+    pub traceparent: Option<Cow<'a, str>>,
     #[serde(default, skip_serializing_if = "Option::is_none", borrow)]
-    pub tracestate: Option<&'a str>,
+    pub tracestate: Option<Cow<'a, str>>,
     #[serde(borrow)]
     pub data: &'a RawValue,
 }
@@ -97,6 +103,7 @@ pub fn render(format: Format, namespace: &str, body: &[u8]) -> Rendered {
     }
     let source = envelope
         .source
+        .as_deref()
         .map_or_else(|| default_source(namespace), str::to_string);
     match format {
         Format::Json => as_stored(),
@@ -105,10 +112,10 @@ pub fn render(format: Format, namespace: &str, body: &[u8]) -> Rendered {
             headers: vec![
                 ("content-type", "application/json".into()),
                 ("ce-specversion", SPEC_VERSION.into()),
-                ("ce-id", envelope.id.into()),
+                ("ce-id", envelope.id.to_string()),
                 ("ce-source", source),
-                ("ce-type", envelope.kind.into()),
-                ("ce-time", envelope.timestamp.into()),
+                ("ce-type", envelope.kind.to_string()),
+                ("ce-time", envelope.timestamp.to_string()),
             ],
         },
         Format::CloudeventsStructured => {
@@ -125,10 +132,10 @@ pub fn render(format: Format, namespace: &str, body: &[u8]) -> Rendered {
             }
             let document = Structured {
                 specversion: SPEC_VERSION,
-                id: envelope.id,
+                id: &envelope.id,
                 source: &source,
-                kind: envelope.kind,
-                time: envelope.timestamp,
+                kind: &envelope.kind,
+                time: &envelope.timestamp,
                 datacontenttype: "application/json",
                 data: envelope.data,
             };
@@ -220,5 +227,20 @@ mod tests {
         let in_data = br#"{"id":"e","type":"t","timestamp":"x","data":{"traceparent":1}}"#;
         assert!(!may_be_traced(in_data));
         assert_eq!(render(Format::Json, "shop", in_data).body, in_data);
+    }
+
+    #[test]
+    fn escaped_strings_in_the_envelope_are_read_like_any_other() {
+        // A visible-ASCII id may hold a quote or a backslash, and a tracestate value a
+        // quote: JSON escapes them, so they cannot be borrowed from the stored bytes.
+        let traced = br#"{"id":"a\"b\\c","type":"t","timestamp":"x","traceparent":"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01","tracestate":"k=v\"w","data":1}"#;
+        let json = render(Format::Json, "shop", traced);
+        assert_eq!(
+            json.body,
+            br#"{"id":"a\"b\\c","type":"t","timestamp":"x","data":1}"#
+        );
+        let binary = render(Format::CloudeventsBinary, "shop", traced);
+        assert_eq!(binary.body, b"1");
+        assert!(binary.headers.contains(&("ce-id", r#"a"b\c"#.into())));
     }
 }

@@ -63,7 +63,7 @@ pub fn parse(traceparent: &str, tracestate: Option<&str>) -> Option<Parent> {
 /// The trace context a stored envelope keeps (see [`crate::delivery::format::Envelope`]).
 pub fn stored(body: &[u8]) -> Option<Parent> {
     let envelope = serde_json::from_slice::<crate::delivery::format::Envelope<'_>>(body).ok()?;
-    parse(envelope.traceparent?, envelope.tracestate)
+    parse(&envelope.traceparent?, envelope.tracestate.as_deref())
 }
 
 /// The `traceparent` header for a span context.
@@ -175,5 +175,15 @@ mod tests {
         assert_eq!(span.traceparent, GOOD);
         assert_eq!(span.tracestate.as_deref(), Some("congo=t61rcWkgMzE"));
         span.end("Accepted", Some(200), false);
+    }
+
+    #[test]
+    fn a_stored_context_is_read_back_even_when_escaped() {
+        let stored_body = format!(
+            r#"{{"id":"a\"b","type":"t","timestamp":"x","traceparent":"{GOOD}","tracestate":"k=v\"w","data":1}}"#
+        );
+        let parent = stored(stored_body.as_bytes()).unwrap();
+        assert_eq!(header(&parent.context), GOOD);
+        assert_eq!(parent.tracestate.as_deref(), Some(r#"k=v"w"#));
     }
 }

@@ -67,12 +67,16 @@ impl Engine {
             .unwrap_or_default();
         let traceparent = origin.trace.as_ref().map(|t| trace::header(&t.context));
         let body = serde_json::to_vec(&Envelope {
-            id: &event_id,
-            kind: event_type,
-            timestamp: &timestamp,
-            source: origin.source,
-            traceparent: traceparent.as_deref(),
-            tracestate: origin.trace.as_ref().and_then(|t| t.tracestate.as_deref()),
+            id: event_id.as_str().into(),
+            kind: event_type.into(),
+            timestamp: timestamp.as_str().into(),
+            source: origin.source.map(Into::into),
+            traceparent: traceparent.as_deref().map(Into::into),
+            tracestate: origin
+                .trace
+                .as_ref()
+                .and_then(|t| t.tracestate.as_deref())
+                .map(Into::into),
             data,
         })
         .map_err(|e| store::Error::Backend(e.to_string()))?;
