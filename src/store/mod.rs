@@ -366,6 +366,9 @@ pub struct Completion {
     /// rather than once more after every attempt to find out. A retry this completion
     /// scheduled may or may not be among them.
     pub next_due_ms: Option<i64>,
+    /// [`Store::complete_dead_letter`] only: the letter was queued on the sink's lane (the
+    /// death was recorded, the lane is live and the letter's id was not stored before).
+    pub letter_queued: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -641,7 +644,8 @@ pub trait Store: Send + Sync + 'static {
     /// [`Next::DeadLetter`] or [`Next::Gone`]) and, when it is recorded, the publish of
     /// `letter` to the lane `sink` (which sends dead letters to the subscription's sink), in
     /// the same transaction: a letter is queued exactly when a death is recorded. A publish
-    /// of an id already stored writes nothing (a record retried after its answer was lost).
+    /// of an id already stored writes nothing (a record retried after its answer was lost),
+    /// nor does one to a lane that is not live; [`Completion::letter_queued`] says which.
     async fn complete_dead_letter(
         &self,
         claim: ClaimRef,

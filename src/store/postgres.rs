@@ -698,13 +698,13 @@ impl Store for PostgresStore {
     ) -> Result<Completion> {
         within(OP_TIMEOUT, async {
             let mut tx = self.relaxed.begin().await?;
-            let (completion, _) = complete(&mut *tx, claim, &attempt, next, None).await?;
+            let (mut completion, _) = complete(&mut *tx, claim, &attempt, next, None).await?;
             if completion.recorded {
                 // The letter, and its delivery to the sink's lane while that lane is live
                 // (FOR KEY SHARE, as a publish: a removal waits, then purges it), and the
                 // notice that wakes the lane wherever its shard is held. An id already
                 // stored writes nothing.
-                query(
+                let queued = query(
                     "WITH sink AS MATERIALIZED (
                          SELECT uid FROM subscriptions
                          WHERE uid = $1 AND live AND namespace = $2 FOR KEY SHARE
@@ -726,8 +726,9 @@ impl Store for PostgresStore {
                 .bind(&letter.event_type)
                 .bind(&letter.body)
                 .bind(letter.published_ms)
-                .execute(&mut *tx)
+                .fetch_optional(&mut *tx)
                 .await?;
+                completion.letter_queued = queued.is_some();
             }
             tx.commit().await?;
             Ok(completion)
@@ -1265,6 +1266,7 @@ async fn complete<'e>(
         disabled_now: row.try_get(2)?,
         consecutive_failures: row.try_get::<i32, _>(1)?.max(0) as u32,
         next_due_ms: row.try_get(3)?,
+        letter_queued: false,
     };
     let following = match row.try_get::<Option<i64>, _>(4)? {
         None => None,

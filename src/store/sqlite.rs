@@ -743,9 +743,9 @@ impl Store for SqliteStore {
         sink: String,
     ) -> Result<Completion> {
         self.run(Durability::Relaxed, move |conn| {
-            let (completion, _) = complete(conn, claim, attempt, next, None)?;
+            let (mut completion, _) = complete(conn, claim, attempt, next, None)?;
             if completion.recorded {
-                publish(conn, letter, vec![sink])?;
+                completion.letter_queued = !publish(conn, letter, vec![sink])?.targets.is_empty();
             }
             Ok(completion)
         })
@@ -1094,6 +1094,7 @@ fn complete(
         disabled_now,
         consecutive_failures: failures,
         next_due_ms,
+        letter_queued: false,
     };
     Ok((completion, following))
 }

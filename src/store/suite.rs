@@ -265,6 +265,7 @@ async fn completion_counts_and_auto_disables(store: &dyn Store) {
             consecutive_failures: 0,
             // Three more wait, due since 100: the lane claims again at once.
             next_due_ms: Some(100),
+            letter_queued: false,
         }
     );
 
@@ -335,6 +336,7 @@ async fn gone_disables_at_once(store: &dyn Store) {
             disabled_now: true,
             consecutive_failures: 1,
             next_due_ms: None,
+            letter_queued: false,
         }
     );
     let state = store.subscription_state("g1").await.unwrap().unwrap();
@@ -688,7 +690,7 @@ async fn a_death_queues_its_letter_with_it(store: &dyn Store) {
         )
         .await
         .unwrap();
-    assert!(!done.recorded);
+    assert!(!done.recorded && !done.letter_queued);
     assert!(pending_ids(store, &sink).await.is_empty());
     // Recorded: the delivery is dead and the letter waits on the sink's lane.
     let done = store
@@ -701,7 +703,7 @@ async fn a_death_queues_its_letter_with_it(store: &dyn Store) {
         )
         .await
         .unwrap();
-    assert!(done.recorded);
+    assert!(done.recorded && done.letter_queued);
     assert_eq!(pending_ids(store, &sink).await, ["letter-1"]);
     let sent = claim(store, &sink, 800).await;
     assert_eq!(
@@ -719,7 +721,7 @@ async fn a_death_queues_its_letter_with_it(store: &dyn Store) {
         )
         .await
         .unwrap();
-    assert!(!again.recorded);
+    assert!(!again.recorded && !again.letter_queued);
     // A sink's lane that is gone gets nothing; the death is recorded all the same.
     store
         .complete(
@@ -741,7 +743,8 @@ async fn a_death_queues_its_letter_with_it(store: &dyn Store) {
         )
         .await
         .unwrap();
-    assert!(done.recorded);
+    // Not queued, so the engine counts no letter pending.
+    assert!(done.recorded && !done.letter_queued);
     assert!(pending_ids(store, &sink).await.is_empty());
     assert_eq!(
         store.subscription_state("dl1").await.unwrap().unwrap().dead,

@@ -213,7 +213,7 @@ impl Engine {
                     }
                 }
                 // Its letter waits for the sink's lane.
-                if next.is_dead() && config.dead_letter_sink.is_some() {
+                if done.letter_queued {
                     *inner
                         .pending
                         .entry(config.namespace.to_string())
