@@ -19,6 +19,8 @@ use crate::delivery::shards::Ownership;
 ///   ends the replica's hold of the shard while it is on its way (a pause, a late renewal);
 /// - `free`: the free space it reports (u64::MAX: the real folder's).
 ///
+/// `upserted` lists the uids of subscription upserts, in order.
+///
 /// With `claim_with_publish` it claims with a publish as SQLite does (and counts those
 /// claims); without, it says it cannot, as the PostgreSQL store does.
 pub struct FaultyStore {
@@ -32,6 +34,7 @@ pub struct FaultyStore {
     pub claims_next: AtomicU32,
     pub claimed_with_completion: AtomicU32,
     pub free: AtomicU64,
+    pub upserted: Mutex<Vec<String>>,
 }
 
 impl FaultyStore {
@@ -49,6 +52,7 @@ impl FaultyStore {
             claims_next: AtomicU32::new(0),
             claimed_with_completion: AtomicU32::new(0),
             free: AtomicU64::new(u64::MAX),
+            upserted: Mutex::default(),
         }
     }
 
@@ -89,6 +93,7 @@ impl Drop for FaultyStore {
 impl Store for FaultyStore {
     async fn upsert_subscription(&self, s: SubscriptionRecord) -> Result<SubscriptionState> {
         self.up()?;
+        self.upserted.lock().unwrap().push(s.uid.clone());
         self.inner.upsert_subscription(s).await
     }
     async fn remove_subscription(&self, uid: &str) -> Result<u64> {

@@ -54,28 +54,24 @@ impl Engine {
 
     /// Adds or updates a subscription, and the lane that sends its dead letters to its sink
     /// (`spec.deadLetterSink`): without a sink now, a lane it had is held, its letters kept
-    /// until a sink is set again. A uid the store has tombstoned stays removed.
+    /// until a sink is set again. The sink's lane comes first, so that no attempt of the
+    /// subscription dies with a sink configured and no lane yet to queue its letter on. A
+    /// uid the store has tombstoned stays removed (both lanes are, together).
     pub async fn upsert(
         &self,
         config: SubscriptionConfig,
     ) -> Result<SubscriptionState, EngineError> {
-        let sink = config.sink_lane();
-        let sink_uid = crate::delivery::sink_uid(&config.uid);
-        let state = self.upsert_lane(config, true).await?;
-        if !state.live {
-            return Ok(state);
-        }
-        let sink = match sink {
-            Some(lane) => Some(lane),
-            None => self.config(&sink_uid).map(|lane| SubscriptionConfig {
-                paused: true,
-                ..(*lane).clone()
-            }),
-        };
+        let sink = config.sink_lane().or_else(|| {
+            self.config(&crate::delivery::sink_uid(&config.uid))
+                .map(|lane| SubscriptionConfig {
+                    paused: true,
+                    ..(*lane).clone()
+                })
+        });
         if let Some(lane) = sink {
             self.upsert_lane(lane, false).await?;
         }
-        Ok(state)
+        self.upsert_lane(config, true).await
     }
 
     /// Adds or updates one lane; `named`: a subscription the API finds by name and a

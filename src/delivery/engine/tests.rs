@@ -46,6 +46,24 @@ fn hook(address: std::net::SocketAddr) -> SubscriptionConfig {
     .unwrap()
 }
 
+#[tokio::test]
+async fn a_sink_lane_is_there_before_its_subscription() {
+    let store = Arc::new(FaultyStore::new());
+    let engine = test_engine(store.clone());
+    let mut config = hook("127.0.0.1:9".parse().unwrap());
+    config.dead_letter_sink = Some(Box::new("http://127.0.0.1:9/dead".into()));
+    engine.upsert(config.clone()).await.unwrap();
+    // Without a sink now, the lane is held: kept, and again first.
+    config.dead_letter_sink = None;
+    engine.upsert(config).await.unwrap();
+    let sink = crate::delivery::sink_uid("uid-1");
+    assert_eq!(
+        *store.upserted.lock().unwrap(),
+        [sink.as_str(), "uid-1", sink.as_str(), "uid-1"]
+    );
+    assert!(engine.config(&sink).unwrap().paused);
+}
+
 async fn publish(engine: &Arc<Engine>, id: &str) {
     let data = RawValue::from_string("{}".into()).unwrap();
     engine
