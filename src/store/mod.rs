@@ -458,6 +458,8 @@ pub struct AttemptHit {
 pub struct AttemptPage {
     pub items: Vec<AttemptHit>,
     pub next: Option<i64>,
+    /// Rows of the log the page read: what it cost, however few it found.
+    pub scanned: u32,
 }
 
 impl AttemptPage {
@@ -479,6 +481,7 @@ impl AttemptPage {
         Self {
             items: hits.into_iter().map(|(_, hit)| hit).collect(),
             next,
+            scanned,
         }
     }
 }

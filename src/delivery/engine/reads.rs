@@ -14,7 +14,7 @@ use crate::store::{
 /// reader.
 pub const READS_PER_NAMESPACE: u32 = 2;
 /// Rows a namespace may read through the API a second (a read costs the rows it returned,
-/// and at least 1), beyond a burst of [`READ_ROWS_BURST`]: what answering reads costs
+/// a search at least a tenth of those it read, and any read at least 1), beyond a burst of [`READ_ROWS_BURST`]: what answering reads costs
 /// herald (the rows, their JSON) is bounded per namespace, whatever size of page it asks
 /// for. A read is admitted while the namespace's budget is not spent, and charged when it
 /// has been answered; once spent (a read may overdraw it by its page): 429 `read_busy`,
@@ -23,6 +23,17 @@ pub const READ_ROWS_PER_SECOND: f64 = 1_000.0;
 /// One second's worth: a read is admitted while any budget is left, so a page of any size
 /// (up to 10,000) still goes through, overdrawing it.
 pub const READ_ROWS_BURST: f64 = 1_000.0;
+/// Rows of the attempt log a search reads for the cost of one row returned: a page that
+/// reads the whole [`crate::store::SEARCH_SCAN_ROWS`] and finds nothing costs a second of
+/// its namespace's budget, not nothing.
+pub const SCANNED_ROWS_PER_ROW: u32 = 10;
+/// What a search page is charged, in rows returned.
+fn search_cost(page: &AttemptPage) -> usize {
+    page.items
+        .len()
+        .max((page.scanned / SCANNED_ROWS_PER_ROW) as usize)
+}
+
 /// How long a subscription's state (its counters and the counts of its backlog, which cost
 /// in proportion to the backlog) read through the API is answered again without asking the
 /// store.
@@ -122,7 +133,7 @@ impl Engine {
         let namespace = search.namespace.clone();
         let mut admitted = self.admit_read(&namespace)?;
         let page = self.store.search_attempts(search).await?;
-        admitted.returned(page.items.len());
+        admitted.returned(search_cost(&page));
         Ok(page)
     }
 
@@ -156,5 +167,38 @@ impl Engine {
         }
         inner.states.insert(uid, (now, state.clone()));
         Ok(state)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_search_costs_what_it_read_not_only_what_it_found() {
+        let empty = AttemptPage {
+            items: Vec::new(),
+            next: Some(1),
+            scanned: 10_000,
+        };
+        assert_eq!(search_cost(&empty), 1_000);
+        let hit = crate::store::AttemptHit {
+            subscription: "s".into(),
+            event_id: "e".into(),
+            event_type: "t".into(),
+            attempt: AttemptRecord {
+                at_ms: 0,
+                outcome: "Accepted".into(),
+                status_code: Some(200),
+                latency_ms: 1,
+                message: String::new(),
+            },
+        };
+        let full = AttemptPage {
+            items: vec![hit; 100],
+            next: None,
+            scanned: 120,
+        };
+        assert_eq!(search_cost(&full), 100);
     }
 }
