@@ -516,6 +516,21 @@ impl Reader<'_> {
             .to_string();
         let key = (namespace_of(&doc), name.clone());
         let context = |what: &str| context(source, line, &kind, &key, what);
+        // As the API server would refuse them: a name goes into API paths, and one with a
+        // '/' could pass for another subscription's dead-letter lane in the attempts search.
+        if !crate::api::subscription::is_dns_subdomain(&name) {
+            anyhow::bail!(context(
+                "metadata.name must be a DNS-1123 subdomain (at most 253 lowercase letters, digits, '-' and '.')"
+            ));
+        }
+        if key.0.len() > 63
+            || key.0.contains('.')
+            || !crate::api::subscription::is_dns_subdomain(&key.0)
+        {
+            anyhow::bail!(context(
+                "metadata.namespace must be a DNS-1123 label (at most 63 lowercase letters, digits and '-')"
+            ));
+        }
         match kind.as_str() {
             "WebhookSubscription" => {
                 let spec: WebhookSubscriptionSpec =
@@ -1043,6 +1058,25 @@ spec:
             "{e}"
         );
         let _ = std::fs::remove_dir_all(dir);
+    }
+
+    #[test]
+    fn names_are_those_the_api_server_would_take() {
+        for (metadata, what) in [
+            (
+                "{name: orders/dead-letter-sink, namespace: shop}",
+                "metadata.name",
+            ),
+            ("{name: Orders, namespace: shop}", "metadata.name"),
+            ("{name: orders, namespace: a.b}", "metadata.namespace"),
+            ("{name: orders, namespace: Shop}", "metadata.namespace"),
+        ] {
+            let doc = format!("kind: Secret\nmetadata: {metadata}\nstringData: {{k: v}}\n");
+            let dir = folder(&[("a.yaml", &doc)]);
+            let e = format!("{:#}", load(&dir).expect_err(metadata));
+            assert!(e.contains(what), "{metadata}: {e}");
+            let _ = std::fs::remove_dir_all(dir);
+        }
     }
 
     #[test]
