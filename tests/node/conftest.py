@@ -466,9 +466,10 @@ def describe(what, c):
 
 
 @pytest.fixture(scope="session")
-def postgres(cluster, tmp_path_factory):
+def postgres_server(cluster, tmp_path_factory):
     """PostgreSQL on this host (scripts/postgres), listening on the node's bridge address
-    and open to the pods' range (password login)."""
+    and open to the pods' range (password login): its URL and its directory (for
+    `scripts/postgres stop|start --dir` and the postmaster's PID)."""
     # Not under pytest's own temporary directory: its parents are private to root, and the
     # server runs as the postgres user.
     directory = Path(tempfile.mkdtemp(prefix="herald-node-pg-")) / "server"
@@ -477,10 +478,16 @@ def postgres(cluster, tmp_path_factory):
     try:
         url = run([script, "up", "--dir", directory, "--listen", cluster.node_ip,
                    "--allow", cluster.env["HERALD_NODE_POD_CIDR"]], timeout=180).stdout.strip()
-        yield url
+        yield {"url": url, "dir": directory}
     finally:
         run([script, "down", "--dir", directory], check=False, timeout=120)
         shutil.rmtree(directory.parent, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def postgres(postgres_server):
+    """The URL of PostgreSQL on this host (see postgres_server)."""
+    return postgres_server["url"]
 
 
 def store_secret(cluster, namespace, name, url):
@@ -497,3 +504,33 @@ def shard_holders(cluster, namespace=NS):
             holder = lease["spec"].get("holderIdentity") or ""
             holders.setdefault(holder, []).append(int(name.rsplit("-", 1)[1]))
     return holders
+
+
+REPLICAS = 3
+
+
+@pytest.fixture(scope="module")
+def replicas(cluster, images, postgres, tmp_path_factory):
+    """herald with REPLICAS replicas on PostgreSQL, installed for the module using it (after
+    any other release, which is removed), the tenant `shop` subscribed to a receiver on this
+    host; uninstalled at the module's end."""
+    # After test_20's uninstall (or on its own): a fresh release on PostgreSQL.
+    cluster.namespace(NS, RESTRICTED)
+    if cluster.exists("deployment", "herald", "-n", NS):
+        cluster.kubectl("delete", "whsub", "--all", "-A", "--timeout=120s", timeout=150)
+        cluster.helm("uninstall", "herald", "--namespace", NS, "--wait", timeout=180)
+    store_secret(cluster, NS, "herald-store", postgres)
+    values = herald_values(cluster, tmp_path_factory.mktemp("values") / "replicas.yaml",
+                           replicaCount=REPLICAS, store={"postgres": {"existingSecret": "herald-store"}})
+    started = time.monotonic()
+    cluster.helm("install", "herald", CHART, "--namespace", NS, "-f", values)
+    wait_until(f"{REPLICAS} Ready replicas", lambda: len(ready_pods(cluster)) == REPLICAS, timeout=300)
+    report(f"{REPLICAS} replicas on PostgreSQL Ready {time.monotonic() - started:.1f}s after helm install")
+    receiver = Receiver(cluster.node_ip)
+    tenant(cluster, TENANT, receiver.port)
+    wait_until("subscription Ready", lambda: subscription_ready(cluster, TENANT, "orders"), timeout=120)
+    svc = cluster.get_json("service", "herald", "-n", NS)
+    yield {"receiver": receiver, "ingest": f"http://{svc['spec']['clusterIP']}:8080"}
+    receiver.close()
+    cluster.kubectl("delete", "whsub", "--all", "-n", TENANT, "--timeout=120s", timeout=150, check=False)
+    cluster.helm("uninstall", "herald", "--namespace", NS, "--wait", timeout=180, check=False)

@@ -5,13 +5,9 @@ loses nothing and never sends an event again while its first attempt is on the w
 
 import time
 
-import pytest
+from conftest import (NS, REPLICAS, describe, ready_pods, report, shard_holders, steady_publishing,
+                      wait_until)
 
-from conftest import (CHART, NS, RESTRICTED, Receiver, TENANT, describe, herald_values, ready_pods, report,
-                      shard_holders, steady_publishing, store_secret, subscription_ready,
-                      tenant, wait_until)
-
-REPLICAS = 3
 SHARDS = 16
 
 
@@ -24,30 +20,6 @@ def balanced(cluster):
     ok = (len(pods) == REPLICAS and set(holders) == pods and held == list(range(SHARDS))
           and all(len(s) <= share for s in holders.values()))
     return holders if ok else AssertionError({k: len(v) for k, v in holders.items()})
-
-
-@pytest.fixture(scope="module")
-def replicas(cluster, images, postgres, tmp_path_factory):
-    # After test_20's uninstall (or on its own): a fresh release on PostgreSQL.
-    cluster.namespace(NS, RESTRICTED)
-    if cluster.exists("deployment", "herald", "-n", NS):
-        cluster.kubectl("delete", "whsub", "--all", "-A", "--timeout=120s", timeout=150)
-        cluster.helm("uninstall", "herald", "--namespace", NS, "--wait", timeout=180)
-    store_secret(cluster, NS, "herald-store", postgres)
-    values = herald_values(cluster, tmp_path_factory.mktemp("values") / "replicas.yaml",
-                           replicaCount=REPLICAS, store={"postgres": {"existingSecret": "herald-store"}})
-    started = time.monotonic()
-    cluster.helm("install", "herald", CHART, "--namespace", NS, "-f", values)
-    wait_until(f"{REPLICAS} Ready replicas", lambda: len(ready_pods(cluster)) == REPLICAS, timeout=300)
-    report(f"{REPLICAS} replicas on PostgreSQL Ready {time.monotonic() - started:.1f}s after helm install")
-    receiver = Receiver(cluster.node_ip)
-    tenant(cluster, TENANT, receiver.port)
-    wait_until("subscription Ready", lambda: subscription_ready(cluster, TENANT, "orders"), timeout=120)
-    svc = cluster.get_json("service", "herald", "-n", NS)
-    yield {"receiver": receiver, "ingest": f"http://{svc['spec']['clusterIP']}:8080"}
-    receiver.close()
-    cluster.kubectl("delete", "whsub", "--all", "-n", TENANT, "--timeout=120s", timeout=150, check=False)
-    cluster.helm("uninstall", "herald", "--namespace", NS, "--wait", timeout=180, check=False)
 
 
 def test_replicas_share_the_node_and_balance_the_shards(cluster, replicas):

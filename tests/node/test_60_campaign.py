@@ -1,0 +1,291 @@
+"""A fault campaign: while producers in two namespaces publish and a tenant creates and
+deletes a subscription over and over (sometimes stripping its finalizer first), a seeded
+nemesis kills and pauses herald's replicas (three Pods on PostgreSQL), pauses and restarts
+PostgreSQL and pauses the API server. A checker then reads the promises from the outside:
+
+- every event acknowledged (202) arrives at the subscriptions that were never deleted, at
+  least once, verified with the tenant's secret;
+- no attempt for the churned subscription arrives outside the times it existed, beyond a
+  grace: GRACE after `kubectl delete` returned (the finalizer: herald had purged and fenced
+  it), STRIPPED_GRACE after a deletion whose finalizer the tenant removed (herald learns of
+  it from its watch);
+- the faults really happened (each kind is counted), and duplicates are counted.
+
+The seed and the length come from HERALD_CAMPAIGN_SEED and HERALD_CAMPAIGN_SECONDS (the
+test command runs a short campaign with a fixed seed; `scripts/campaign --minutes N --seed
+S` a longer one). The seed is printed: the same seed makes the same choices (the moments
+they land on still depend on the machine)."""
+
+import collections
+import os
+import random
+import signal
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import (NS, REPLICAS, REPO, Receiver, TENANT, producer_pod, producer_results,
+                      ready_pods, report, run, subscription_ready, tenant, wait_until)
+
+SEED = int(os.environ.get("HERALD_CAMPAIGN_SEED", "20261205"))
+SECONDS = float(os.environ.get("HERALD_CAMPAIGN_SECONDS", "75"))
+MARKET = "market"
+CHURN = "churn"
+RATE = 15
+# An attempt that had started when the deletion finished arrives within milliseconds; the
+# rest is this loaded machine's scheduling of the Python receiver.
+GRACE = 2.0
+# Without the finalizer, the deletion is over before herald hears of it: its watch event
+# (delayed by a paused API server or replica) or, after a restart, the start-up purge.
+STRIPPED_GRACE = 20.0
+
+
+def herald_pids(cluster):
+    """Pod name -> PID of its herald process. Root sees every container's processes here;
+    the one whose executable is the image's herald and whose environment names a herald Pod
+    of this release (herald binaries of other tests run on this host too)."""
+    pods = {p["metadata"]["name"] for p in cluster.pods(NS)}
+    found = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if not os.readlink(entry / "exe").endswith("/usr/local/bin/herald"):
+                continue
+            environ = (entry / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        for item in environ:
+            if item.startswith(b"POD_NAME="):
+                name = item.split(b"=", 1)[1].decode()
+                if name in pods:
+                    found[name] = int(entry.name)
+    return found
+
+
+def children(pid):
+    out = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            # The parent follows the command name, which is in parentheses.
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                out.append(int(entry.name))
+    return out
+
+
+class Nemesis:
+    """Faults chosen by a seeded generator, one at a time, with quiet spells between them.
+    Whatever it stopped is let go again by resume_all, whatever happens."""
+
+    KINDS = ["kill-replica", "pause-replica", "pause-replica-during-churn", "pause-postgres",
+             "restart-postgres", "pause-api-server"]
+
+    def __init__(self, cluster, postgres, rng, churn):
+        self.cluster = cluster
+        self.postgres = postgres
+        self.rng = rng
+        self.churn = churn
+        self.stopped = set()
+        self.lock = threading.Lock()
+        self.faults = collections.Counter()
+        self.log = []
+
+    def signal(self, pids, sig):
+        for pid in pids:
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+            with self.lock:
+                if sig == signal.SIGSTOP:
+                    self.stopped.add(pid)
+                elif sig == signal.SIGCONT:
+                    self.stopped.discard(pid)
+
+    def pause(self, pids, seconds):
+        self.signal(pids, signal.SIGSTOP)
+        time.sleep(seconds)
+        self.signal(list(reversed(pids)), signal.SIGCONT)
+
+    def resume_all(self):
+        with self.lock:
+            stopped = list(self.stopped)
+        self.signal(stopped, signal.SIGCONT)
+
+    def postgres_pids(self):
+        pid = int((Path(self.postgres["dir"]) / "data" / "postmaster.pid").read_text().split()[0])
+        return [pid, *children(pid)]
+
+    def api_server_pid(self):
+        for line in (self.cluster.dir / "pids").read_text().splitlines():
+            name, _, pid = line.partition(" ")
+            if name == "kube-apiserver":
+                return int(pid)
+        raise AssertionError("no kube-apiserver in the control plane's pids")
+
+    def step(self):
+        kind = self.rng.choice(self.KINDS)
+        length = round(self.rng.uniform(1.0, 6.0), 1)
+        pids = herald_pids(self.cluster)
+        target = self.rng.choice(sorted(pids)) if pids else None
+        if kind in ("kill-replica", "pause-replica", "pause-replica-during-churn") and target is None:
+            return
+        if kind == "kill-replica":
+            self.signal([pids[target]], signal.SIGKILL)
+        elif kind == "pause-replica":
+            self.pause([pids[target]], length)
+        elif kind == "pause-replica-during-churn":
+            # A paused replica, and meanwhile the tenant deletes its subscription.
+            self.signal([pids[target]], signal.SIGSTOP)
+            self.churn.delete_now.set()
+            time.sleep(length)
+            self.signal([pids[target]], signal.SIGCONT)
+        elif kind == "pause-postgres":
+            self.pause(self.postgres_pids(), length)
+        elif kind == "restart-postgres":
+            script = REPO / "scripts" / "postgres"
+            run([script, "stop", "--dir", self.postgres["dir"]], timeout=120)
+            run([script, "start", "--dir", self.postgres["dir"]], timeout=120)
+        elif kind == "pause-api-server":
+            self.pause([self.api_server_pid()], length)
+        self.faults[kind] += 1
+        self.log.append(f"{kind} {target or ''} {length}s".strip())
+
+    def run(self, until):
+        while time.monotonic() < until:
+            self.step()
+            time.sleep(self.rng.uniform(1.0, 4.0))
+
+
+class Churn:
+    """The tenant `market` creates its subscription `churn`, lets it run a while and deletes
+    it, over and over; sometimes it strips the finalizer first. Records when each incarnation
+    was applied and when its deletion was over."""
+
+    def __init__(self, cluster, receiver, rng):
+        self.cluster = cluster
+        self.receiver = receiver
+        self.rng = rng
+        self.windows = []   # (applied, gone, stripped)
+        self.delete_now = threading.Event()
+
+    def gone(self):
+        return not self.cluster.exists("whsub", CHURN, "-n", MARKET)
+
+    def once(self):
+        applied = time.monotonic()
+        tenant(self.cluster, MARKET, self.receiver.port, name=CHURN, path="/hooks/churn")
+        self.delete_now.wait(self.rng.uniform(2.0, 6.0))
+        self.delete_now.clear()
+        stripped = self.rng.random() < 0.3
+        if stripped:
+            self.cluster.kubectl("patch", "whsub", CHURN, "-n", MARKET, "--type=merge",
+                                 "-p", '{"metadata":{"finalizers":null}}', check=False, timeout=60)
+        self.cluster.kubectl("delete", "whsub", CHURN, "-n", MARKET, "--wait=false",
+                             check=False, timeout=60)
+        # Over once the object is gone (with the finalizer: once herald purged and fenced it).
+        wait_until("the churned subscription gone", self.gone, timeout=240, interval=0.05)
+        self.windows.append((applied, time.monotonic(), stripped))
+
+    def run(self, until):
+        while time.monotonic() < until:
+            self.once()
+            time.sleep(self.rng.uniform(0.5, 2.0))
+
+    def outside(self, arrival):
+        """Whether an arrival falls outside every incarnation's time, graces included."""
+        return not any(applied <= arrival <= gone + (STRIPPED_GRACE if stripped else GRACE)
+                       for applied, gone, stripped in self.windows)
+
+
+@pytest.fixture(scope="module")
+def market(cluster, replicas):
+    receiver, churned = Receiver(cluster.node_ip), Receiver(cluster.node_ip)
+    tenant(cluster, MARKET, receiver.port)
+    wait_until("subscription market/orders Ready", lambda: subscription_ready(cluster, MARKET, "orders"),
+               timeout=120)
+    yield {"receiver": receiver, "churned": churned}
+    cluster.kubectl("delete", "whsub", "--all", "-n", MARKET, "--timeout=120s", timeout=150, check=False)
+    receiver.close()
+    churned.close()
+
+
+def test_a_seeded_fault_campaign_loses_nothing_and_sends_nothing_after_deletion(
+        cluster, images, postgres_server, replicas, market):
+    rng = random.Random(SEED)
+    report(f"campaign: seed {SEED}, {SECONDS:.0f}s of faults")
+    shop_receiver, market_receiver, churned = replicas["receiver"], market["receiver"], market["churned"]
+    producers = [(TENANT, shop_receiver, "shop-c"), (MARKET, market_receiver, "market-c")]
+    for namespace, receiver, prefix in producers:
+        receiver.control = "go"
+        cluster.apply(producer_pod(f"producer-{prefix}", namespace, images["producer"], replicas["ingest"],
+                                   prefix=prefix, rate=RATE, count=1_000_000, retry_seconds=600,
+                                   control_url=f"http://{cluster.node_ip}:{receiver.port}/control"))
+    for namespace, receiver, prefix in producers:
+        wait_until(f"{prefix}: first arrivals", lambda: len(receiver.ids(f"{prefix}-")) >= RATE, timeout=180)
+
+    churn = Churn(cluster, churned, random.Random(rng.random()))
+    nemesis = Nemesis(cluster, postgres_server, random.Random(rng.random()), churn)
+    until = time.monotonic() + SECONDS
+    errors = []
+
+    def guarded(job):
+        try:
+            job(until)
+        except BaseException as e:  # reported by the test, not lost in a thread
+            errors.append(e)
+
+    threads = [threading.Thread(target=guarded, args=(job,), daemon=True) for job in (churn.run, nemesis.run)]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=SECONDS + 600)
+    finally:
+        nemesis.resume_all()
+    assert not errors, errors
+    assert not any(t.is_alive() for t in threads), "the campaign's threads did not finish"
+    report("campaign faults: " + ", ".join(f"{k} {v}" for k, v in sorted(nemesis.faults.items())))
+    report("campaign fault log: " + "; ".join(nemesis.log))
+    assert sum(nemesis.faults.values()) >= 5, nemesis.log
+    assert len(churn.windows) >= 3, churn.windows
+
+    # Healed: every replica back and Ready, then the producers stop and every event they
+    # were told was accepted must arrive.
+    wait_until(f"{REPLICAS} Ready replicas after the campaign", lambda: len(ready_pods(cluster)) == REPLICAS,
+               timeout=420)
+    totals = collections.Counter()
+    for namespace, receiver, prefix in producers:
+        receiver.control = "stop"
+    for namespace, receiver, prefix in producers:
+        result = producer_results(cluster, namespace, f"producer-{prefix}", timeout=660)
+        acked = set(result["acked"])
+        assert not result["gaveup"], result["gaveup"][:5]
+        wait_until(f"{prefix}: every acknowledged event at the receiver",
+                   lambda: acked <= set(receiver.ids(f"{prefix}-")) or
+                   AssertionError(sorted(acked - set(receiver.ids(f"{prefix}-")))[:10]), timeout=300)
+        delivered = receiver.ids(f"{prefix}-")
+        totals["published"] += result["published"]
+        totals["acknowledged"] += len(acked)
+        totals["producer retries"] += len(result["retries"])
+        totals["arrived"] += len(set(delivered))
+        totals["duplicates"] += len(delivered) - len(set(delivered))
+        totals["duplicates while the first attempt was on the wire"] += len(
+            [i for i in receiver.overlaps if i.startswith(f"{prefix}-")])
+        assert not receiver.bad, receiver.bad[:5]
+        cluster.kubectl("delete", "pod", f"producer-{prefix}", "-n", namespace, "--wait=false")
+
+    arrivals = churned.arrivals("market-c-")
+    late = [a for a in arrivals if churn.outside(a)]
+    totals["arrived at the churned subscription"] = len(arrivals)
+    report("campaign: " + ", ".join(f"{k} {v}" for k, v in totals.items()) +
+           f"; the churned subscription lived {len(churn.windows)} times "
+           f"({sum(s for _, _, s in churn.windows)} deletions with the finalizer stripped)")
+    assert not late, [(round(a, 2), churn.windows) for a in late[:5]]
+    assert not churned.bad, churned.bad[:5]
