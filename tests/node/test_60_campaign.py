@@ -155,7 +155,8 @@ class Nemesis:
         elif kind == "pause-api-server":
             self.pause([self.api_server_pid()], length)
         self.faults[kind] += 1
-        self.log.append(f"{kind} {target or ''} {length}s".strip())
+        on = f" {target}" if "replica" in kind else ""
+        self.log.append(f"{kind}{on}" + ("" if kind in ("kill-replica", "restart-postgres") else f" {length}s"))
 
     def run(self, until):
         while time.monotonic() < until:
