@@ -195,7 +195,7 @@ class Receiver:
     def __init__(self, host, secret=SECRET, delay=0.0, tls=None):
         self.verifier = Webhook(secret)
         self.lock = threading.Lock()
-        self.deliveries = []   # (event id, verified, type, arrival on the monotonic clock)
+        self.deliveries = []   # (event id, verified, type, arrival on the monotonic clock, path)
         self.bad = []
         self.in_flight = {}    # event id -> requests being answered now
         self.overlaps = []     # ids delivered again while an earlier attempt was on the wire
@@ -236,7 +236,7 @@ class Receiver:
                             receiver.bad.append((event_id, repr(e)))
                     with receiver.lock:
                         receiver.deliveries.append((event_id, ok, (payload or {}).get("type"),
-                                                    time.monotonic()))
+                                                    time.monotonic(), self.path))
                     self.send_response(204 if ok else 401)
                     self.send_header("Content-Length", "0")
                     self.end_headers()
@@ -259,10 +259,12 @@ class Receiver:
         with self.lock:
             return [d[0] for d in self.deliveries if d[1] and d[0].startswith(prefix)]
 
-    def arrivals(self, prefix=""):
-        """Arrival times of verified deliveries whose id starts with prefix."""
+    def arrivals(self, prefix="", path=None):
+        """Arrival times of verified deliveries whose id starts with prefix (and, given a
+        path, that were sent to it)."""
         with self.lock:
-            return [d[3] for d in self.deliveries if d[1] and d[0].startswith(prefix)]
+            return [d[3] for d in self.deliveries
+                    if d[1] and d[0].startswith(prefix) and path in (None, d[4])]
 
     def close(self):
         self.server.shutdown()
