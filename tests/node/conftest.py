@@ -511,28 +511,42 @@ def shard_holders(cluster, namespace=NS):
 REPLICAS = 3
 
 
-@pytest.fixture(scope="module")
-def replicas(cluster, images, postgres, tmp_path_factory):
-    """herald with REPLICAS replicas on PostgreSQL, installed for the module using it (after
-    any other release, which is removed), the tenant `shop` subscribed to a receiver on this
-    host; uninstalled at the module's end."""
-    # After test_20's uninstall (or on its own): a fresh release on PostgreSQL.
+def fresh_release(cluster, values_path, replica_count, **values):
+    """herald installed anew (any release before it, and every subscription, removed first)
+    with `values`, the tenant `shop` subscribed to a receiver on this host. Yields what the
+    tests need; uninstalls at the end."""
     cluster.namespace(NS, RESTRICTED)
     if cluster.exists("deployment", "herald", "-n", NS):
         cluster.kubectl("delete", "whsub", "--all", "-A", "--timeout=120s", timeout=150)
         cluster.helm("uninstall", "herald", "--namespace", NS, "--wait", timeout=180)
-    store_secret(cluster, NS, "herald-store", postgres)
-    values = herald_values(cluster, tmp_path_factory.mktemp("values") / "replicas.yaml",
-                           replicaCount=REPLICAS, store={"postgres": {"existingSecret": "herald-store"}})
+    values = herald_values(cluster, values_path, replicaCount=replica_count, **values)
     started = time.monotonic()
     cluster.helm("install", "herald", CHART, "--namespace", NS, "-f", values)
-    wait_until(f"{REPLICAS} Ready replicas", lambda: len(ready_pods(cluster)) == REPLICAS, timeout=300)
-    report(f"{REPLICAS} replicas on PostgreSQL Ready {time.monotonic() - started:.1f}s after helm install")
+    wait_until(f"{replica_count} Ready replicas", lambda: len(ready_pods(cluster)) == replica_count,
+               timeout=300)
+    report(f"{replica_count} replica(s) Ready {time.monotonic() - started:.1f}s after helm install "
+           f"({'PostgreSQL' if 'store' in values else 'embedded store'})")
     receiver = Receiver(cluster.node_ip)
     tenant(cluster, TENANT, receiver.port)
     wait_until("subscription Ready", lambda: subscription_ready(cluster, TENANT, "orders"), timeout=120)
     svc = cluster.get_json("service", "herald", "-n", NS)
-    yield {"receiver": receiver, "ingest": f"http://{svc['spec']['clusterIP']}:8080"}
+    yield {"receiver": receiver, "ingest": f"http://{svc['spec']['clusterIP']}:8080",
+           "replicas": replica_count}
     receiver.close()
     cluster.kubectl("delete", "whsub", "--all", "-n", TENANT, "--timeout=120s", timeout=150, check=False)
     cluster.helm("uninstall", "herald", "--namespace", NS, "--wait", timeout=180, check=False)
+
+
+@pytest.fixture(scope="module")
+def replicas(cluster, images, postgres, tmp_path_factory):
+    """herald with REPLICAS replicas on PostgreSQL for the module using it (fresh_release)."""
+    store_secret(cluster, NS, "herald-store", postgres)
+    yield from fresh_release(cluster, tmp_path_factory.mktemp("values") / "replicas.yaml", REPLICAS,
+                             store={"postgres": {"existingSecret": "herald-store"}})
+
+
+@pytest.fixture(scope="module")
+def embedded(cluster, images, tmp_path_factory):
+    """One replica on the embedded store, as the chart installs it by default, for the module
+    using it (fresh_release)."""
+    yield from fresh_release(cluster, tmp_path_factory.mktemp("values") / "embedded.yaml", 1)

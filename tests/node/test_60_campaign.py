@@ -1,7 +1,9 @@
 """A fault campaign: while producers in two namespaces publish and a tenant creates and
 deletes a subscription over and over (sometimes stripping its finalizer first), a seeded
-nemesis kills and pauses herald's replicas (three Pods on PostgreSQL), pauses and restarts
-PostgreSQL and pauses the API server. A checker then reads the promises from the outside:
+nemesis kills, pauses and partitions herald's replicas (three Pods on PostgreSQL; a
+partition drops the packets from one replica to PostgreSQL or to the API server), pauses
+and restarts PostgreSQL and pauses the API server. A checker then reads the promises from
+the outside:
 
 - every event acknowledged (202) arrives at the subscriptions that were never deleted, at
   least once, verified with the tenant's secret;
@@ -85,7 +87,8 @@ class Nemesis:
     Whatever it stopped is let go again by resume_all, whatever happens."""
 
     KINDS = ["kill-replica", "pause-replica", "pause-replica-during-churn", "pause-postgres",
-             "restart-postgres", "pause-api-server"]
+             "restart-postgres", "pause-api-server", "partition-replica-from-postgres",
+             "partition-replica-from-api-server"]
 
     def __init__(self, cluster, postgres, rng, churn):
         self.cluster = cluster
@@ -93,7 +96,14 @@ class Nemesis:
         self.rng = rng
         self.churn = churn
         self.stopped = set()
+        self.partitioned = set()   # (Pod, iptables rule) in force now
         self.lock = threading.Lock()
+        # Where a replica reaches PostgreSQL (the URL's host and port) and the API server
+        # (the `kubernetes` Service, before kube-proxy's translation on the host).
+        address = postgres["url"].rsplit("@", 1)[1].split("/", 1)[0]
+        self.postgres_address = tuple(address.rsplit(":", 1))
+        service = cluster.get_json("service", "kubernetes", "-n", "default")
+        self.api_address = (service["spec"]["clusterIP"], str(service["spec"]["ports"][0]["port"]))
         self.faults = collections.Counter()
         self.log = []
 
@@ -118,6 +128,28 @@ class Nemesis:
         with self.lock:
             stopped = list(self.stopped)
         self.signal(stopped, signal.SIGCONT)
+        for pod, rule in list(self.partitioned):
+            self.iptables(pod, "-D", rule)
+
+    def iptables(self, pod, action, rule):
+        """An OUTPUT rule in the Pod's network namespace (which outlives a restart of its
+        container: entered through whichever herald process the Pod runs now)."""
+        pid = herald_pids(self.cluster).get(pod)
+        if pid is None:
+            if action == "-D":
+                raise AssertionError(f"cannot heal the partition of {pod}: no herald process in it")
+            return
+        run(["nsenter", "-t", str(pid), "-n", "iptables", "-w", action, "OUTPUT", *rule], timeout=30)
+        with self.lock:
+            (self.partitioned.add if action == "-A" else self.partitioned.discard)((pod, rule))
+
+    def partition(self, pod, address, seconds):
+        """Packets from the Pod to address (host, port) dropped for a while: its connections
+        hang rather than fail, so only herald's own timeouts get it out."""
+        rule = ("-d", address[0], "-p", "tcp", "--dport", address[1], "-j", "DROP")
+        self.iptables(pod, "-A", rule)
+        time.sleep(seconds)
+        self.iptables(pod, "-D", rule)
 
     def postgres_pids(self):
         pid = int((Path(self.postgres["dir"]) / "data" / "postmaster.pid").read_text().split()[0])
@@ -135,7 +167,7 @@ class Nemesis:
         length = round(self.rng.uniform(1.0, 6.0), 1)
         pids = herald_pids(self.cluster)
         target = self.rng.choice(sorted(pids)) if pids else None
-        if kind in ("kill-replica", "pause-replica", "pause-replica-during-churn") and target is None:
+        if "replica" in kind and target is None:
             return
         if kind == "kill-replica":
             self.signal([pids[target]], signal.SIGKILL)
@@ -155,9 +187,14 @@ class Nemesis:
             run([script, "start", "--dir", self.postgres["dir"]], timeout=120)
         elif kind == "pause-api-server":
             self.pause([self.api_server_pid()], length)
+        elif kind == "partition-replica-from-postgres":
+            self.partition(target, self.postgres_address, length * 2)
+        elif kind == "partition-replica-from-api-server":
+            self.partition(target, self.api_address, length * 2)
         self.faults[kind] += 1
         on = f" {target}" if "replica" in kind else ""
-        self.log.append(f"{kind}{on}" + ("" if kind in ("kill-replica", "restart-postgres") else f" {length}s"))
+        lasted = length * 2 if kind.startswith("partition") else length
+        self.log.append(f"{kind}{on}" + ("" if kind in ("kill-replica", "restart-postgres") else f" {lasted}s"))
 
     def run(self, until):
         while time.monotonic() < until:
