@@ -1,8 +1,9 @@
-"""A fault campaign: while producers in two namespaces publish and a tenant creates and
+"""A fault campaign (tests/node/test_60_campaign_postgres.py, test_61_campaign_embedded.py,
+scripts/campaign): while producers in two namespaces publish and a tenant creates and
 deletes a subscription over and over (sometimes stripping its finalizer first), a seeded
-nemesis kills, pauses and partitions herald's replicas (three Pods on PostgreSQL; a
-partition drops the packets from one replica to PostgreSQL or to the API server), pauses
-and restarts PostgreSQL and pauses the API server. A checker then reads the promises from
+nemesis kills, pauses and partitions herald's replicas (three Pods on PostgreSQL, or one on
+the embedded store; a partition drops the packets from one replica to PostgreSQL or to the
+API server), pauses and restarts PostgreSQL and pauses the API server. A checker then reads the promises from
 the outside:
 
 - every event acknowledged (202) arrives at the subscriptions that were never deleted, at
@@ -27,16 +28,16 @@ import threading
 import time
 from pathlib import Path
 
-import pytest
-
-from conftest import (NS, REPLICAS, REPO, Receiver, TENANT, producer_pod, producer_results,
-                      ready_pods, report, run, subscription_ready, tenant, wait_until)
+from conftest import (NS, REPO, Receiver, TENANT, producer_pod, producer_results, ready_pods,
+                      report, run, subscription_ready, tenant, wait_until)
 
 SEED = int(os.environ.get("HERALD_CAMPAIGN_SEED", "20261205"))
 SECONDS = float(os.environ.get("HERALD_CAMPAIGN_SECONDS", "75"))
 MARKET = "market"
 CHURN = "churn"
 RATE = 15
+# (namespace, id prefix) of each producer.
+PRODUCERS = [(TENANT, "shop-c"), (MARKET, "market-c")]
 # An attempt that had started when the deletion finished arrives within milliseconds; the
 # rest is this loaded machine's scheduling of the Python receiver.
 GRACE = 2.0
@@ -86,13 +87,14 @@ class Nemesis:
     """Faults chosen by a seeded generator, one at a time, with quiet spells between them.
     Whatever it stopped is let go again by resume_all, whatever happens."""
 
-    KINDS = ["kill-replica", "pause-replica", "pause-replica-during-churn", "pause-postgres",
-             "restart-postgres", "pause-api-server", "partition-replica-from-postgres",
+    KINDS = ["kill-replica", "pause-replica", "pause-replica-during-churn", "pause-api-server",
              "partition-replica-from-api-server"]
+    POSTGRES_KINDS = ["pause-postgres", "restart-postgres", "partition-replica-from-postgres"]
 
     def __init__(self, cluster, postgres, rng, churn):
         self.cluster = cluster
         self.postgres = postgres
+        self.kinds = self.KINDS + (self.POSTGRES_KINDS if postgres else [])
         self.rng = rng
         self.churn = churn
         self.stopped = set()
@@ -100,8 +102,9 @@ class Nemesis:
         self.lock = threading.Lock()
         # Where a replica reaches PostgreSQL (the URL's host and port) and the API server
         # (the `kubernetes` Service, before kube-proxy's translation on the host).
-        address = postgres["url"].rsplit("@", 1)[1].split("/", 1)[0]
-        self.postgres_address = tuple(address.rsplit(":", 1))
+        if postgres:
+            address = postgres["url"].rsplit("@", 1)[1].split("/", 1)[0]
+            self.postgres_address = tuple(address.rsplit(":", 1))
         service = cluster.get_json("service", "kubernetes", "-n", "default")
         self.api_address = (service["spec"]["clusterIP"], str(service["spec"]["ports"][0]["port"]))
         self.faults = collections.Counter()
@@ -163,7 +166,7 @@ class Nemesis:
         raise AssertionError("no kube-apiserver in the control plane's pids")
 
     def step(self):
-        kind = self.rng.choice(self.KINDS)
+        kind = self.rng.choice(self.kinds)
         length = round(self.rng.uniform(1.0, 6.0), 1)
         pids = herald_pids(self.cluster)
         target = self.rng.choice(sorted(pids)) if pids else None
@@ -245,34 +248,42 @@ class Churn:
                 if at > gone + (STRIPPED_GRACE if stripped else GRACE)]
 
 
-@pytest.fixture(scope="module")
-def market(cluster, replicas):
-    receiver, churned = Receiver(cluster.node_ip), Receiver(cluster.node_ip)
-    tenant(cluster, MARKET, receiver.port)
-    wait_until("subscription market/orders Ready", lambda: subscription_ready(cluster, MARKET, "orders"),
-               timeout=120)
-    yield {"receiver": receiver, "churned": churned}
-    cluster.kubectl("delete", "whsub", "--all", "-n", MARKET, "--timeout=120s", timeout=150, check=False)
-    receiver.close()
-    churned.close()
-
-
-def test_a_seeded_fault_campaign_loses_nothing_and_sends_nothing_after_deletion(
-        cluster, images, postgres_server, replicas, market):
+def run_campaign(cluster, images, release, postgres=None):
+    """The campaign against `release` (see conftest.fresh_release; `postgres`: the
+    postgres_server it stores in, whose faults join the nemesis's)."""
+    replicas = release["replicas"]
     rng = random.Random(SEED)
-    report(f"campaign: seed {SEED}, {SECONDS:.0f}s of faults")
-    shop_receiver, market_receiver, churned = replicas["receiver"], market["receiver"], market["churned"]
-    producers = [(TENANT, shop_receiver, "shop-c"), (MARKET, market_receiver, "market-c")]
+    report(f"campaign ({'PostgreSQL' if postgres else 'embedded store'}, {replicas} replica(s)): "
+           f"seed {SEED}, {SECONDS:.0f}s of faults")
+    receiver, churned = Receiver(cluster.node_ip), Receiver(cluster.node_ip)
+    try:
+        tenant(cluster, MARKET, receiver.port)
+        wait_until("subscription market/orders Ready", lambda: subscription_ready(cluster, MARKET, "orders"),
+                   timeout=120)
+        check(cluster, images, release, postgres, rng, receiver, churned)
+    finally:
+        for namespace, prefix in PRODUCERS:
+            cluster.kubectl("delete", "pod", f"producer-{prefix}", "-n", namespace, "--wait=false", check=False)
+        cluster.kubectl("delete", "whsub", "--all", "-n", MARKET, "--timeout=120s", timeout=150, check=False)
+        receiver.close()
+        churned.close()
+
+
+def check(cluster, images, release, postgres, rng, market_receiver, churned):
+    replicas = release["replicas"]
+    shop_receiver = release["receiver"]
+    producers = [(namespace, receiver, prefix) for (namespace, prefix), receiver
+                 in zip(PRODUCERS, (shop_receiver, market_receiver))]
     for namespace, receiver, prefix in producers:
         receiver.control = "go"
-        cluster.apply(producer_pod(f"producer-{prefix}", namespace, images["producer"], replicas["ingest"],
+        cluster.apply(producer_pod(f"producer-{prefix}", namespace, images["producer"], release["ingest"],
                                    prefix=prefix, rate=RATE, count=1_000_000, retry_seconds=600,
                                    control_url=f"http://{cluster.node_ip}:{receiver.port}/control"))
     for namespace, receiver, prefix in producers:
         wait_until(f"{prefix}: first arrivals", lambda: len(receiver.ids(f"{prefix}-")) >= RATE, timeout=180)
 
     churn = Churn(cluster, churned, random.Random(rng.random()))
-    nemesis = Nemesis(cluster, postgres_server, random.Random(rng.random()), churn)
+    nemesis = Nemesis(cluster, postgres, random.Random(rng.random()), churn)
     until = time.monotonic() + SECONDS
     errors = []
 
@@ -299,7 +310,7 @@ def test_a_seeded_fault_campaign_loses_nothing_and_sends_nothing_after_deletion(
 
     # Healed: every replica back and Ready, then the producers stop and every event they
     # were told was accepted must arrive.
-    wait_until(f"{REPLICAS} Ready replicas after the campaign", lambda: len(ready_pods(cluster)) == REPLICAS,
+    wait_until(f"{replicas} Ready replica(s) after the campaign", lambda: len(ready_pods(cluster)) == replicas,
                timeout=420)
     totals = collections.Counter()
     for namespace, receiver, prefix in producers:
@@ -320,7 +331,6 @@ def test_a_seeded_fault_campaign_loses_nothing_and_sends_nothing_after_deletion(
         totals["duplicates while the first attempt was on the wire"] += len(
             [i for i in receiver.overlaps if i.startswith(f"{prefix}-")])
         assert not receiver.bad, receiver.bad[:5]
-        cluster.kubectl("delete", "pod", f"producer-{prefix}", "-n", namespace, "--wait=false")
 
     late = churn.late("market-c-")
     totals["arrived at the churned subscription"] = len(churned.arrivals("market-c-"))
