@@ -18,6 +18,8 @@ use crate::delivery::shards::Ownership;
 /// - `lapse_during_claim`: a fenced claim (alone, with its publish or with a completion)
 ///   ends the replica's hold of the shard while it is on its way (a pause, a late renewal);
 /// - `free`: the free space it reports (u64::MAX: the real folder's).
+/// - `claim_gate`: the next claim that claims something says so on the first channel and
+///   answers only once the second one fires (what the engine does meanwhile, the test does).
 ///
 /// `upserted` lists the uids of subscription upserts, in order.
 ///
@@ -35,6 +37,13 @@ pub struct FaultyStore {
     pub claimed_with_completion: AtomicU32,
     pub free: AtomicU64,
     pub upserted: Mutex<Vec<String>>,
+    #[allow(clippy::type_complexity)]
+    pub claim_gate: Mutex<
+        Option<(
+            tokio::sync::oneshot::Sender<()>,
+            tokio::sync::oneshot::Receiver<()>,
+        )>,
+    >,
 }
 
 impl FaultyStore {
@@ -53,6 +62,7 @@ impl FaultyStore {
             claimed_with_completion: AtomicU32::new(0),
             free: AtomicU64::new(u64::MAX),
             upserted: Mutex::default(),
+            claim_gate: Mutex::default(),
         }
     }
 
@@ -152,7 +162,15 @@ impl Store for FaultyStore {
     async fn claim_next(&self, uid: &str, now: i64) -> Result<Claim> {
         self.up()?;
         self.claims_next.fetch_add(1, Ordering::AcqRel);
-        self.inner.claim_next(uid, now).await
+        let claim = self.inner.claim_next(uid, now).await;
+        if matches!(claim, Ok(Claim::Claimed(_))) {
+            let gate = self.claim_gate.lock().unwrap().take();
+            if let Some((reached, go)) = gate {
+                let _ = reached.send(());
+                let _ = go.await;
+            }
+        }
+        claim
     }
     async fn claim_fenced(&self, uid: &str, now: i64, f: ShardFence) -> Result<Claim> {
         self.up()?;

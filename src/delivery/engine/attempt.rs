@@ -71,6 +71,17 @@ impl Engine {
             },
             Claiming::WithPublish { claimed, fence } => (claimed, fence),
         };
+        // Removed or held (paused, disabled) while the claim was on its way: not sent, as
+        // after a record below. A removal that returned has forgotten the lane, so no
+        // attempt it did not see starts after it.
+        match self.current(&config.uid) {
+            Some(latest) => config = latest,
+            None => {
+                self.unclaim(&config, &claimed, &fence).await;
+                self.rest(&config, slot.epoch);
+                return;
+            }
+        }
 
         loop {
             // Fence: nothing is sent once stopping, or when the shard's hold ended while the
@@ -256,6 +267,11 @@ impl Engine {
         latest
     }
 
+    /// The configuration lane `uid` runs now, unless it is removed or held.
+    fn current(&self, uid: &str) -> Option<Arc<SubscriptionConfig>> {
+        self.lock().subs.get(uid).filter(|c| !c.held()).cloned()
+    }
+
     /// Gives the slot back after a claim that was not sent: the lane rests unless woken since
     /// the slot was taken.
     fn rest(&self, config: &SubscriptionConfig, epoch: u64) {
@@ -366,7 +382,7 @@ impl Engine {
                             namespace = %config.namespace,
                             subscription = %config.name,
                             undone,
-                            "stopping during the claim: not started"
+                            "stopping, or the lane removed or held, during the claim: not started"
                         ),
                     }
                     return;

@@ -64,6 +64,56 @@ async fn a_sink_lane_is_there_before_its_subscription() {
     assert!(engine.config(&sink).unwrap().paused);
 }
 
+/// Unregister: a subscription removed, or paused, while a claim of its lane was on its way
+/// gets nothing sent (RFC 0215: no attempt starts once the removal is done).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_answered_after_its_subscription_was_removed_or_paused_is_not_sent() {
+    for remove in [true, false] {
+        let (address, hits) = counting_receiver().await;
+        let store = Arc::new(FaultyStore::new());
+        let (reached, claimed) = tokio::sync::oneshot::channel();
+        let (go, gate) = tokio::sync::oneshot::channel();
+        *store.claim_gate.lock().unwrap() = Some((reached, gate));
+        let engine = test_engine(store.clone());
+        engine.upsert(hook(address)).await.unwrap();
+        engine.recover().await.unwrap();
+        engine.spawn();
+        publish(&engine, "evt-1").await;
+        claimed.await.unwrap();
+        if remove {
+            engine.remove("ns", "uid-1").await.unwrap();
+        } else {
+            let mut paused = hook(address);
+            paused.paused = true;
+            engine.upsert(paused).await.unwrap();
+        }
+        go.send(()).unwrap();
+        // The claim is given back (paused) or gone with its delivery (removed).
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            let in_flight = store
+                .list_deliveries("uid-1", StateFilter::All, 10)
+                .await
+                .unwrap()
+                .iter()
+                .any(|d| d.state == DeliveryState::InFlight);
+            if !in_flight && engine.running.load(Ordering::Acquire) == 0 {
+                break;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the claim was never given back"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert_eq!(
+            hits.load(Ordering::Acquire),
+            0,
+            "sent after removal: {remove}"
+        );
+    }
+}
+
 async fn publish(engine: &Arc<Engine>, id: &str) {
     let data = RawValue::from_string("{}".into()).unwrap();
     engine
