@@ -28,7 +28,7 @@ import threading
 import time
 from pathlib import Path
 
-from conftest import (NS, REPO, Receiver, TENANT, producer_pod, producer_results, ready_pods,
+from conftest import (NS, REPO, Receiver, TENANT, acknowledged_arrive, producer_pod, ready_pods,
                       report, run, subscription_ready, tenant, wait_until)
 
 SEED = int(os.environ.get("HERALD_CAMPAIGN_SEED", "20261205"))
@@ -316,13 +316,8 @@ def check(cluster, images, release, postgres, rng, market_receiver, churned):
     for namespace, receiver, prefix in producers:
         receiver.control = "stop"
     for namespace, receiver, prefix in producers:
-        result = producer_results(cluster, namespace, f"producer-{prefix}", timeout=660)
-        acked = set(result["acked"])
-        assert not result["gaveup"], result["gaveup"][:5]
-        wait_until(f"{prefix}: every acknowledged event at the receiver",
-                   lambda: acked <= set(receiver.ids(f"{prefix}-")) or
-                   AssertionError(sorted(acked - set(receiver.ids(f"{prefix}-")))[:10]), timeout=300)
-        delivered = receiver.ids(f"{prefix}-")
+        result, acked, delivered = acknowledged_arrive(cluster, namespace, f"producer-{prefix}", receiver,
+                                                       prefix, finish_timeout=660, arrive_timeout=300)
         totals["published"] += result["published"]
         totals["acknowledged"] += len(acked)
         totals["producer retries"] += len(result["retries"])

@@ -420,6 +420,19 @@ def shop(cluster, release):
     receiver.close()
 
 
+def acknowledged_arrive(cluster, namespace, name, receiver, prefix, finish_timeout, arrive_timeout):
+    """Once the producer Pod `name` has been told to stop: waits for it to finish and for
+    every event it was told was accepted to arrive (none given up on). Returns its results,
+    the acknowledged ids and the ids delivered (repeats included)."""
+    result = producer_results(cluster, namespace, name, timeout=finish_timeout)
+    acked = set(result["acked"])
+    assert not result["gaveup"], result["gaveup"][:5]
+    wait_until(f"{prefix}: every acknowledged event at the receiver",
+               lambda: acked <= set(receiver.ids(f"{prefix}-")) or
+               AssertionError(sorted(acked - set(receiver.ids(f"{prefix}-")))[:10]), timeout=arrive_timeout)
+    return result, acked, receiver.ids(f"{prefix}-")
+
+
 def steady_publishing(cluster, images, shop, prefix, action, rate=20):
     """Starts a producer at `rate` events/s, waits for arrivals, runs `action`, waits for
     arrivals after it, stops the producer and checks that every acknowledged event
@@ -439,13 +452,8 @@ def steady_publishing(cluster, images, shop, prefix, action, rate=20):
     wait_until(f"{prefix}: arrivals after", lambda: len(set(receiver.ids(f"{prefix}-"))) >= before + 2 * rate,
                timeout=180)
     receiver.control = "stop"
-    result = producer_results(cluster, TENANT, name, timeout=240)
-    acked = set(result["acked"])
-    assert not result["gaveup"], result["gaveup"][:5]
-    wait_until(f"{prefix}: every acknowledged event at the receiver",
-               lambda: acked <= set(receiver.ids(f"{prefix}-")) or
-               AssertionError(sorted(acked - set(receiver.ids(f"{prefix}-")))[:10]), timeout=120)
-    delivered = receiver.ids(f"{prefix}-")
+    result, acked, delivered = acknowledged_arrive(cluster, TENANT, name, receiver, prefix,
+                                                   finish_timeout=240, arrive_timeout=120)
     arrivals = sorted(receiver.arrivals(f"{prefix}-"))
     gap = max((b - a for a, b in zip(arrivals, arrivals[1:])), default=0.0)
     counts = {"published": result["published"], "acknowledged": len(acked),
@@ -519,9 +527,9 @@ def fresh_release(cluster, values_path, replica_count, **values):
     if cluster.exists("deployment", "herald", "-n", NS):
         cluster.kubectl("delete", "whsub", "--all", "-A", "--timeout=120s", timeout=150)
         cluster.helm("uninstall", "herald", "--namespace", NS, "--wait", timeout=180)
-    values = herald_values(cluster, values_path, replicaCount=replica_count, **values)
+    herald_values(cluster, values_path, replicaCount=replica_count, **values)
     started = time.monotonic()
-    cluster.helm("install", "herald", CHART, "--namespace", NS, "-f", values)
+    cluster.helm("install", "herald", CHART, "--namespace", NS, "-f", values_path)
     wait_until(f"{replica_count} Ready replicas", lambda: len(ready_pods(cluster)) == replica_count,
                timeout=300)
     report(f"{replica_count} replica(s) Ready {time.monotonic() - started:.1f}s after helm install "
@@ -540,6 +548,7 @@ def fresh_release(cluster, values_path, replica_count, **values):
 @pytest.fixture(scope="module")
 def replicas(cluster, images, postgres, tmp_path_factory):
     """herald with REPLICAS replicas on PostgreSQL for the module using it (fresh_release)."""
+    cluster.namespace(NS, RESTRICTED)
     store_secret(cluster, NS, "herald-store", postgres)
     yield from fresh_release(cluster, tmp_path_factory.mktemp("values") / "replicas.yaml", REPLICAS,
                              store={"postgres": {"existingSecret": "herald-store"}})
