@@ -5,8 +5,8 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::Engine;
 use super::fence::Fence;
+use super::{Engine, Notice};
 use crate::delivery::shards::Ownership;
 use crate::store::NewWorkFeed;
 
@@ -91,10 +91,32 @@ impl Engine {
                     .collect();
                 uids.extend(matching);
             }
+            // What another replica published shows in the status this one writes (pending
+            // attempts): a held lane, which no attempt marks, would otherwise keep showing
+            // only the events that came through here.
+            let mut published: HashMap<Arc<str>, Vec<String>> = HashMap::new();
             for uid in &uids {
                 self.wake_for_work(&mut inner, uid);
+                inner.states.remove(uid.as_str());
+                if let Some(config) = inner.subs.get(uid.as_str())
+                    && self.holds_shard_of(uid)
+                {
+                    published
+                        .entry(config.namespace.clone())
+                        .or_default()
+                        .push(uid.clone());
+                }
             }
+            drop(inner);
             self.wakeup.notify_one();
+            if self.notices.receiver_count() > 0 {
+                for (namespace, subscriptions) in published {
+                    let _ = self.notices.send(Notice::Published {
+                        namespace: namespace.to_string(),
+                        subscriptions,
+                    });
+                }
+            }
         }
     }
 

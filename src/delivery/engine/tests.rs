@@ -64,6 +64,32 @@ async fn a_sink_lane_is_there_before_its_subscription() {
     assert!(engine.config(&sink).unwrap().paused);
 }
 
+/// With several replicas, what another replica publishes reaches this one as the store's
+/// new-work notices. A subscription whose shard is held here is announced as published
+/// (the status writer then shows its pending count) even when its lane is held, paused or
+/// disabled, which no attempt would otherwise mark.
+#[tokio::test]
+async fn work_another_replica_published_is_announced_for_a_held_lane() {
+    let store = Arc::new(FaultyStore::new());
+    let engine = test_engine(store.clone());
+    let mut config = hook("127.0.0.1:9".parse().unwrap());
+    config.paused = true;
+    engine.upsert(config).await.unwrap();
+    let mut notices = engine.notices();
+    let (tell, feed) = crate::store::new_work_feed();
+    tokio::spawn(engine.clone().follow_new_work(feed));
+    assert!(tell.event("ns", "order.created"));
+    let notice = tokio::time::timeout(Duration::from_secs(10), notices.recv())
+        .await
+        .expect("no notice for the published work")
+        .unwrap();
+    assert!(
+        matches!(&notice, Notice::Published { namespace, subscriptions }
+            if namespace == "ns" && subscriptions == &["uid-1".to_string()]),
+        "{notice:?}"
+    );
+}
+
 /// Unregister: a subscription removed, or paused, while a claim of its lane was on its way
 /// gets nothing sent (RFC 0215: no attempt starts once the removal is done).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
