@@ -533,7 +533,7 @@ def fresh_release(cluster, values_path, replica_count, **values):
     wait_until(f"{replica_count} Ready replicas", lambda: len(ready_pods(cluster)) == replica_count,
                timeout=300)
     report(f"{replica_count} replica(s) Ready {time.monotonic() - started:.1f}s after helm install "
-           f"({'PostgreSQL' if 'store' in values else 'embedded store'})")
+           f"({'PostgreSQL' if 'postgres' in values.get('store', {}) else 'embedded store'})")
     receiver = Receiver(cluster.node_ip)
     tenant(cluster, TENANT, receiver.port)
     wait_until("subscription Ready", lambda: subscription_ready(cluster, TENANT, "orders"), timeout=120)
@@ -554,8 +554,36 @@ def replicas(cluster, images, postgres, tmp_path_factory):
                              store={"postgres": {"existingSecret": "herald-store"}})
 
 
+# The size of the embedded store's filesystem in `embedded`: room for a campaign's events
+# (about 60 KB a second of it, twice that here) beside the chart's reserve
+# (store.reserveBytes, 64 MiB), small enough to fill at once.
+SMALL_VOLUME_MIB = 192 + int(float(os.environ.get("HERALD_CAMPAIGN_SECONDS", "75")) * 0.2)
+
+
 @pytest.fixture(scope="module")
 def embedded(cluster, images, tmp_path_factory):
-    """One replica on the embedded store, as the chart installs it by default, for the module
-    using it (fresh_release)."""
-    yield from fresh_release(cluster, tmp_path_factory.mktemp("values") / "embedded.yaml", 1)
+    """One replica on the embedded store, as the chart installs it by default, but on a
+    filesystem of its own: a tmpfs of SMALL_VOLUME_MIB mounted on this host (the node), the
+    local PersistentVolume of a StorageClass `small`, so that a test can fill it. For the
+    module using it (fresh_release); `volume` is the filesystem's path here."""
+    volume = tmp_path_factory.mktemp("store-volume")
+    run(["mount", "-t", "tmpfs", "-o", f"size={SMALL_VOLUME_MIB}m,mode=0777", "tmpfs", str(volume)])
+    try:
+        cluster.apply([
+            {"apiVersion": "storage.k8s.io/v1", "kind": "StorageClass", "metadata": {"name": "small"},
+             "provisioner": "kubernetes.io/no-provisioner", "volumeBindingMode": "WaitForFirstConsumer",
+             "reclaimPolicy": "Retain"},
+            {"apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": "herald-small-store"},
+             "spec": {"capacity": {"storage": f"{SMALL_VOLUME_MIB}Mi"}, "accessModes": ["ReadWriteOnce"],
+                      "persistentVolumeReclaimPolicy": "Retain", "storageClassName": "small",
+                      "volumeMode": "Filesystem", "local": {"path": str(volume)},
+                      "nodeAffinity": {"required": {"nodeSelectorTerms": [{"matchExpressions": [
+                          {"key": "kubernetes.io/hostname", "operator": "In", "values": [cluster.node_name]}]}]}}}},
+        ])
+        releases = fresh_release(cluster, tmp_path_factory.mktemp("values") / "embedded.yaml", 1,
+                                 store={"storageClass": "small", "size": f"{SMALL_VOLUME_MIB}Mi"})
+        for release in releases:
+            yield {**release, "volume": volume}
+    finally:
+        cluster.kubectl("delete", "pv", "herald-small-store", "--wait=false", check=False)
+        run(["umount", "--lazy", str(volume)], check=False)
