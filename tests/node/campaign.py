@@ -44,6 +44,9 @@ SECONDS = float(os.environ.get("HERALD_CAMPAIGN_SECONDS", "75"))
 MARKET = "market"
 CHURN = "churn"
 RATE = 15
+# The hostile tenant publishes faster: its attempts, held by slow answers, must fill its
+# in-flight quota for the quota check to mean something.
+HOSTILE_RATE = 30
 # (namespace, id prefix) of each producer.
 PRODUCERS = [(TENANT, "shop-c"), (MARKET, "market-c"), (HOSTILE, "hostile-c")]
 # An attempt that had started when the deletion finished arrives within milliseconds; the
@@ -57,6 +60,9 @@ STRIPPED_GRACE = 20.0
 # attempt's timeout and the recording of its answer).
 BEFORE_FIRST = 1.0
 AFTER_FIRST = 10.0
+# What may keep a replica from seeing a change to a subscription for a while.
+WATCH_DELAYING = {"pause-replica", "pause-replica-during-churn", "pause-api-server",
+                  "partition-replica-from-api-server", "rolling-restart"}
 # What the nemesis does that may repeat a delivery (changing a quota or a secret may not).
 DISRUPTIVE = {"kill-replica", "pause-replica", "pause-replica-during-churn", "pause-api-server",
               "partition-replica-from-api-server", "rolling-restart", "pause-postgres",
@@ -105,7 +111,8 @@ class Nemesis:
     Whatever it stopped is let go again by resume_all, whatever happens."""
 
     KINDS = ["kill-replica", "pause-replica", "pause-replica-during-churn", "pause-api-server",
-             "partition-replica-from-api-server", "rolling-restart", "change-quota", "rotate-secret"]
+             "partition-replica-from-api-server", "rolling-restart", "change-quota", "rotate-secret",
+             "pause-subscription"]
     POSTGRES_KINDS = ["pause-postgres", "restart-postgres", "partition-replica-from-postgres"]
     # With the embedded store on a filesystem of its own (conftest.embedded's `volume`).
     VOLUME_KINDS = ["fill-disk"]
@@ -133,6 +140,9 @@ class Nemesis:
         self.faults = collections.Counter()
         self.log = []
         self.intervals = []   # (kind, start, end) on the monotonic clock
+        # The tenant's pauses of market/orders: [paused, resumed or None]; a timer resumes.
+        self.pauses = []
+        self.resume_timer = None
 
     def signal(self, pids, sig):
         for pid in pids:
@@ -159,6 +169,38 @@ class Nemesis:
             self.iptables(pod, "-D", rule)
         if self.filler:
             self.filler.unlink(missing_ok=True)
+        if self.resume_timer:
+            self.resume_timer.cancel()
+            self.resume_subscription()
+
+    def set_paused(self, paused):
+        self.cluster.kubectl("patch", "whsub", "orders", "-n", MARKET, "--type=merge",
+                             "-p", json.dumps({"spec": {"paused": paused}}), timeout=60)
+
+    def pause_subscription(self, seconds):
+        """The tenant pauses market/orders, and resumes it `seconds` later while the nemesis
+        goes on with other faults."""
+        self.set_paused(True)
+        with self.lock:
+            self.pauses.append([time.monotonic(), None])
+            self.resume_timer = threading.Timer(seconds, self.resume_subscription)
+            self.resume_timer.start()
+
+    def resume_subscription(self):
+        with self.lock:
+            if not self.pauses or self.pauses[-1][1] is not None:
+                return
+        self.set_paused(False)
+        with self.lock:
+            self.pauses[-1][1] = time.monotonic()
+
+    def watch_delayed_until(self, start, end):
+        """The end of the last fault that could keep a replica from seeing, between `start`
+        and `end`, what the tenant changed (a paused replica or API server, a partition from
+        the API server, a rolling restart), or None."""
+        ends = [e for kind, s, e in self.intervals
+                if kind in WATCH_DELAYING and s <= end and e >= start]
+        return max(ends, default=None)
 
     def fill(self):
         """Takes every free byte of the store's filesystem: first the space statvfs shows,
@@ -253,6 +295,11 @@ class Nemesis:
             self.filler.unlink()
         elif kind == "change-quota":
             detail = f" to {self.hostile.change_quota()}"
+        elif kind == "pause-subscription":
+            if self.pauses and self.pauses[-1][1] is None:
+                return   # paused already
+            detail = f" for {length * 5:.0f}s"
+            self.pause_subscription(length * 5)
         elif kind == "rotate-secret":
             self.hostile.rotate(overlap=length)
             detail = f" (overlap {length}s)"
@@ -260,7 +307,7 @@ class Nemesis:
         self.faults[kind] += 1
         on = f" {target}" if "replica" in kind else ""
         lasted = length * 2 if kind.startswith("partition") else length
-        timed = kind.startswith(("pause", "partition", "fill"))
+        timed = kind.startswith(("pause", "partition", "fill")) and kind != "pause-subscription"
         self.log.append(f"{kind}{on}{detail}" + (f" {lasted}s" if timed else ""))
 
     def cause(self, first, again):
@@ -360,7 +407,8 @@ def check(cluster, images, release, postgres, rng, market_receiver, churned, hos
     for namespace, receiver, prefix in producers:
         receiver.control = "go"
         cluster.apply(producer_pod(f"producer-{prefix}", namespace, images["producer"], release["ingest"],
-                                   prefix=prefix, rate=RATE, count=1_000_000, retry_seconds=600,
+                                   prefix=prefix, rate=HOSTILE_RATE if namespace == HOSTILE else RATE,
+                                   count=1_000_000, retry_seconds=600,
                                    control_url=f"http://{cluster.node_ip}:{receiver.port}/control"))
     for namespace, receiver, prefix in producers:
         wait_until(f"{prefix}: first arrivals", lambda: len(receiver.ids(f"{prefix}-")) >= RATE, timeout=180)
@@ -426,10 +474,13 @@ def check(cluster, images, release, postgres, rng, market_receiver, churned, hos
            f"{[v for _, v in hostile.quotas]}, {replicas} replica(s)); {len(hostile.rotations) - 1} secret "
            f"rotation(s); `gone` saw {len(hostile.receiver.arrivals_at('/hooks/gone'))} attempt(s)")
     over_quota, rotation = hostile.quota_violations(replicas), hostile.rotation_violations()
-    report(f"campaign violations: late attempts after a deletion {len(late)}, unexplained duplicates "
+    while_paused = paused_arrivals(nemesis, market_receiver)
+    report(f"campaign violations: late attempts after a deletion {len(late)}, while paused "
+           f"{len(while_paused)}, unexplained duplicates "
            f"{causes.get('unexplained', 0)}, over the in-flight quota {len(over_quota)}, signed against "
            f"the rotation {len(rotation)}")
     assert not late, (len(late), late[:10])
+    assert not while_paused, (len(while_paused), while_paused[:10])
     assert not churned.bad, churned.bad[:5]
     assert not causes.get("unexplained"), causes
     assert not over_quota, (len(over_quota), over_quota[:10])
@@ -440,6 +491,19 @@ def check(cluster, images, release, postgres, rng, market_receiver, churned, hos
     assert 1 <= len(gone) <= 8 + sum(nemesis.faults[k] for k in DISRUPTIVE), len(gone)
     statuses_agree_with_the_store(cluster, {(TENANT, "orders"): shop_receiver,
                                             (MARKET, "orders"): market_receiver})
+
+
+def paused_arrivals(nemesis, receiver):
+    """Arrivals at market/orders while the tenant had it paused: past GRACE after the pause,
+    or, when a fault may have kept a replica from seeing it, past STRIPPED_GRACE after that
+    fault ended. (seconds after the pause, seconds before the resume)"""
+    out = []
+    arrivals = receiver.arrivals("market-c-", "/hooks/orders")
+    for paused, resumed in nemesis.pauses:
+        delayed = nemesis.watch_delayed_until(paused - GRACE, paused + GRACE)
+        allowed = paused + GRACE if delayed is None else max(paused, delayed) + STRIPPED_GRACE
+        out += [(round(at - paused, 2), round(resumed - at, 2)) for at in arrivals if allowed < at < resumed]
+    return out
 
 
 def repeated(arrivals, overlaps, nemesis):

@@ -43,8 +43,8 @@ CLOSE_SEEN_WITHIN = 0.1
 # (answer, weight): what the receiver does with a request to `mixed`. No 429 (or 502, 504):
 # each halves the lane's pace for 30 s, as the README says, so a steady share of them holds
 # the lane at a start a second by design and the campaign's events would not drain.
-ANSWERS = [("ok", 50), ("ok-late", 10), ("500", 10), ("503", 5), ("400", 4),
-           ("hang", 7), ("reset", 6), ("trickle", 6)]
+ANSWERS = [("ok", 45), ("ok-late", 14), ("500", 10), ("503", 5), ("400", 4),
+           ("hang", 8), ("reset", 6), ("trickle", 8)]
 # Answers that end an event's deliveries (accepted, or dead-lettered at once).
 FINAL = {"ok", "ok-late", "400"}
 
