@@ -39,7 +39,9 @@ MIXED_TIMEOUT = 2.0
 ROTATION_GRACE = 20.0
 QUOTA_LAG = ROTATION_GRACE + MIXED_TIMEOUT
 QUOTAS = [16, 24, 32]
-CLOSE_SEEN_WITHIN = 0.1
+# How late the receiver may see a connection herald closed: its thread wakes from select on
+# a loaded 2-core machine, behind the GIL and thirty-odd other handler threads.
+CLOSE_SEEN_WITHIN = 0.5
 # (answer, weight): what the receiver does with a request to `mixed`. No 429 (or 502, 504):
 # each halves the lane's pace for 30 s, as the README says, so a steady share of them holds
 # the lane at a start a second by design and the campaign's events would not drain.
@@ -235,6 +237,8 @@ class Hostile:
         # index -> [secret, time named, time dropped or None]
         self.rotations = [[SECRET, 0.0, None]]
         self.primary = 0
+        # Moments the wire held more than the bound, all but connections seen closed late.
+        self.excused = 0
 
     def set_up(self):
         for name in ("mixed", "gone"):
@@ -297,6 +301,8 @@ class Hostile:
             late = bisect.bisect_right(closes, at + CLOSE_SEEN_WITHIN) - bisect.bisect_left(closes, at)
             if count > bound + late:
                 out.append((round(at, 2), count, bound))
+            elif count > bound:
+                self.excused += 1
         return out
 
     def rotation_violations(self):
