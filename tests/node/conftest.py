@@ -187,6 +187,23 @@ def images(cluster):
     return {"herald": built["image"], "size": size, "producer": producer}
 
 
+class ControlHandler(BaseHTTPRequestHandler):
+    """A receiver's requests: HTTP/1.1, not logged; GET answers the receiver's `control`
+    ("go" or "stop") for producers. `receiver` is set on the subclass."""
+    protocol_version = "HTTP/1.1"
+    receiver = None
+
+    def log_message(self, *args):
+        pass
+
+    def do_GET(self):
+        body = self.receiver.control.encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+
 class Receiver:
     """A webhook receiver on the node's bridge address: verifies every request with the
     standardwebhooks package, answers 204 (or 401 when the signature fails), records each
@@ -203,19 +220,7 @@ class Receiver:
         self.delay = delay
         receiver = self
 
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, *args):
-                pass
-
-            def do_GET(self):
-                body = receiver.control.encode()
-                self.send_response(200)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
+        class Handler(ControlHandler):
             def do_POST(self):
                 body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
                 headers = {k.lower(): v for k, v in self.headers.items()}
@@ -244,6 +249,7 @@ class Receiver:
                     with receiver.lock:
                         receiver.in_flight[event_id] -= 1
 
+        Handler.receiver = self
         self.server = ThreadingHTTPServer((host, 0), Handler)
         self.server.daemon_threads = True
         if tls:

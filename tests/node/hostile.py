@@ -25,11 +25,11 @@ import socket
 import struct
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 
 from standardwebhooks.webhooks import Webhook
 
-from conftest import SECRET, tenant
+from conftest import SECRET, ControlHandler, tenant
 
 HOSTILE = "hostile"
 MIXED_TIMEOUT = 2.0
@@ -75,19 +75,7 @@ class HostileReceiver:
         self.control = "go"
         receiver = self
 
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, *args):
-                pass
-
-            def do_GET(self):
-                body = receiver.control.encode()
-                self.send_response(200)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
+        class Handler(ControlHandler):
             def gone(self, seconds):
                 """Waits up to `seconds`; True as soon as herald has closed the connection."""
                 deadline = time.monotonic() + seconds
@@ -191,6 +179,7 @@ class HostileReceiver:
                         self.wfile.flush()
                     self.close_connection = True
 
+        Handler.receiver = self
         self.server = ThreadingHTTPServer((host, 0), Handler)
         self.server.daemon_threads = True
         self.port = self.server.server_address[1]
