@@ -4,9 +4,11 @@
 //!
 //! **Transactions and locks.** Most operations are one statement (a data-modifying `WITH`
 //! query), so each is one round trip and its own transaction; concurrent publishes are
-//! joined into one transaction, a group commit ([`group_commit`]). The server runs them in READ
-//! COMMITTED; what makes them safe together is a fixed lock order: first the subscription
-//! row, then delivery rows.
+//! joined into one transaction, a group commit ([`group_commit`]), and concurrent attempt
+//! records of different subscriptions into one statement ([`completions`]). The server runs
+//! them in READ COMMITTED; what makes them safe together is a fixed lock order: first the
+//! subscription rows (in uid order when a statement takes several), then the shards' owner
+//! rows, then delivery rows.
 //!
 //! - The B1 fence. [`Store::claim_next`] locks the subscription row `FOR KEY SHARE` while
 //!   it is live, enabled and unpaused, and only then, in the same statement, picks and marks
@@ -70,6 +72,7 @@ use sqlx_postgres::{PgConnectOptions, PgConnection, PgPool, PgPoolOptions, PgRow
 
 use super::*;
 
+mod completions;
 mod group_commit;
 
 /// The schema, one migration a file: (version, description, SQL). Never edit one that has
@@ -113,6 +116,10 @@ pub struct PostgresStore {
     listen: PgPool,
     /// Publishes, joined into group commits on `synced`.
     publishes: group_commit::GroupCommit,
+    /// Attempt records, joined into statements of many on `recorders` (connections as
+    /// `relaxed`'s, whose statements wait for no row lock long).
+    completions: completions::Completions,
+    recorders: PgPool,
 }
 
 /// The migrations, for sqlx's migrator.
@@ -318,7 +325,17 @@ impl PostgresStore {
                 })
             })
             .connect_lazy_with(write_path.clone());
-        let relaxed = pool().connect_lazy_with(write_path.options([("synchronous_commit", "off")]));
+        let relaxed = pool().connect_lazy_with(
+            write_path
+                .clone()
+                .options([("synchronous_commit", "off")]),
+        );
+        let recorders = pool()
+            .max_connections(completions::RECORDERS as u32)
+            .connect_lazy_with(write_path.options([
+                ("synchronous_commit", "off"),
+                ("lock_timeout", completions::LOCK_TIMEOUT),
+            ]));
         let reads = pool()
             .max_connections(READ_POOL_SIZE)
             .connect_lazy_with(options.clone().options([("synchronous_commit", "off")]));
@@ -328,6 +345,8 @@ impl PostgresStore {
             .connect_lazy_with(options);
         Ok(Self {
             publishes: group_commit::GroupCommit::start(synced.clone()),
+            completions: completions::Completions::start(recorders.clone(), relaxed.clone()),
+            recorders,
             synced,
             relaxed,
             reads,
@@ -339,6 +358,7 @@ impl PostgresStore {
     pub async fn close(&self) {
         self.synced.close().await;
         self.relaxed.close().await;
+        self.recorders.close().await;
         self.reads.close().await;
         self.listen.close().await;
     }
@@ -681,11 +701,14 @@ impl Store for PostgresStore {
         next: Next,
         then_claim: Option<i64>,
     ) -> Result<(Completion, Option<Claimed>)> {
-        within(
-            OP_TIMEOUT,
-            complete(&self.relaxed, claim, &attempt, next, then_claim),
-        )
-        .await
+        self.completions
+            .record(completions::Record {
+                claim,
+                attempt,
+                next,
+                then_claim,
+            })
+            .await
     }
 
     async fn complete_dead_letter(
@@ -698,7 +721,13 @@ impl Store for PostgresStore {
     ) -> Result<Completion> {
         within(OP_TIMEOUT, async {
             let mut tx = self.relaxed.begin().await?;
-            let (mut completion, _) = complete(&mut *tx, claim, &attempt, next, None).await?;
+            let record = completions::Record {
+                claim,
+                attempt,
+                next,
+                then_claim: None,
+            };
+            let (mut completion, _) = completions::write_one(&mut *tx, &record).await?;
             if completion.recorded {
                 // The letter, and its delivery to the sink's lane while that lane is live
                 // (FOR KEY SHARE, as a publish: a removal waits, then purges it), and the
@@ -1121,167 +1150,6 @@ async fn first_answer(
         duplicate: true,
         targets: Vec::new(),
     }))
-}
-
-/// Records an attempt (see [`Store::complete_and_claim`]) with one statement, on `executor`
-/// (the relaxed pool, or a transaction that does more).
-async fn complete<'e>(
-    executor: impl Executor<'e, Database = sqlx_postgres::Postgres>,
-    claim: ClaimRef,
-    attempt: &AttemptRecord,
-    next: Next,
-    then_claim: Option<i64>,
-) -> Result<(Completion, Option<Claimed>), sqlx_core::Error> {
-    let (state, due_ms) = match next {
-        Next::Delivered => (DeliveryState::Delivered, attempt.at_ms),
-        Next::Retry { due_ms } => (DeliveryState::Pending, due_ms),
-        Next::DeadLetter | Next::Gone => (DeliveryState::Dead, attempt.at_ms),
-    };
-    let finished = (state != DeliveryState::Pending).then_some(attempt.at_ms);
-    let ok = next == Next::Delivered;
-    let dead = next.is_dead();
-    let gone = next == Next::Gone;
-    let stale_message = superseded_message(&attempt.message);
-    // The subscription row first (`sub`, whose FOR NO KEY UPDATE returns the row as
-    // it is once any pause or removal in progress has committed), then, for a fenced
-    // claim, the shard's owner row while it is at the claim's epoch (`owner`, FOR
-    // SHARE: a take-over in progress makes this wait, then see the new epoch), then
-    // the deliveries, in the order claims, removals and take-overs take them. The
-    // delivery moves on only while it is in flight under this claim (same attempt
-    // number): a delivery purged meanwhile is gone, and a stale claim's attempt (a
-    // take-over made it due again, or another replica claimed it since) is logged as
-    // history only. A 410 Gone ($17) disables the subscription whatever its
-    // threshold; `disabled_now` compares with the row `sub` locked. After a delivery,
-    // with $16, the lane's next due delivery is
-    // claimed (`following`, `claimed`: the rules of CLAIM, the fence held through
-    // `moved`). The fourth column is the lane's next due time; one statement sees one
-    // snapshot, so a retry scheduled here is not among it, and a delivery claimed
-    // here still is.
-    let row = query(
-        "WITH sub AS MATERIALIZED (
-             SELECT uid, live AND NOT paused AND NOT disabled AS active,
-                    disabled AS was_disabled, strict_order
-             FROM subscriptions
-             WHERE uid = (SELECT sub_uid FROM deliveries WHERE id = $1)
-             FOR NO KEY UPDATE
-         ), owner AS MATERIALIZED (
-             SELECT shard FROM shard_owners
-             WHERE $13::integer IS NOT NULL AND shard = $13 AND epoch = $14
-               AND EXISTS (SELECT 1 FROM sub)
-             FOR SHARE
-         ), moved AS (
-             UPDATE deliveries SET state = $2, due_ms = $3, finished_ms = $4
-             WHERE id = $1 AND state = 1 AND attempts = $12
-               AND sub_uid = (SELECT uid FROM sub)
-               AND ($13::integer IS NULL OR EXISTS (SELECT 1 FROM owner))
-             RETURNING id, sub_uid
-         ), logged AS (
-             INSERT INTO attempt_log (delivery, at_ms, outcome, status_code, latency_ms, message)
-             SELECT d.id, $5, $6, $7, $8,
-                    CASE WHEN EXISTS (SELECT 1 FROM moved) THEN $9 ELSE $15 END
-             FROM deliveries d WHERE d.id = $1 AND d.sub_uid = (SELECT uid FROM sub)
-         ), counted AS (
-             UPDATE subscriptions s SET
-                 consecutive_failures = CASE WHEN $10 THEN 0 ELSE s.consecutive_failures + 1 END,
-                 delivered = s.delivered + CASE WHEN $10 THEN 1 ELSE 0 END,
-                 failed = s.failed + CASE WHEN $10 THEN 0 ELSE 1 END,
-                 dead_lettered = s.dead_lettered + CASE WHEN $11 THEN 1 ELSE 0 END,
-                 disabled = s.disabled OR $17 OR (NOT $10 AND s.disable_after > 0
-                                           AND s.consecutive_failures + 1 >= s.disable_after),
-                 gone = s.gone OR $17
-             FROM moved
-             WHERE s.uid = moved.sub_uid AND s.live
-             RETURNING s.consecutive_failures,
-                       s.disabled AND NOT (SELECT was_disabled FROM sub) AS disabled_now
-         ), following AS MATERIALIZED (
-             SELECT id FROM deliveries
-             WHERE $16::bigint IS NOT NULL AND $10 AND EXISTS (SELECT 1 FROM moved)
-               AND (SELECT active FROM sub)
-               AND sub_uid = (SELECT uid FROM sub) AND state = 0 AND due_ms <= $16
-               AND (NOT (SELECT strict_order FROM sub)
-                    OR id = (SELECT min(id) FROM deliveries
-                             WHERE sub_uid = (SELECT uid FROM sub) AND state = 0
-                               AND strict)
-                       AND NOT EXISTS (SELECT 1 FROM deliveries
-                                       WHERE sub_uid = (SELECT uid FROM sub)
-                                         AND state = 1 AND id <> $1))
-             ORDER BY due_ms, id
-             LIMIT 1
-             FOR UPDATE SKIP LOCKED
-         ), claimed AS (
-             UPDATE deliveries d SET state = 1, attempts = d.attempts + 1
-             FROM following, events e
-             WHERE d.id = following.id AND e.id = d.event
-             RETURNING d.id, e.event_id, e.event_type, e.body, d.attempts,
-                       d.window_start_ms, d.sub_uid
-         )
-         SELECT EXISTS (SELECT 1 FROM moved),
-                coalesce((SELECT consecutive_failures FROM counted), 0),
-                coalesce((SELECT disabled_now FROM counted), false),
-                CASE
-                    WHEN NOT coalesce((SELECT active FROM sub), false)
-                         OR coalesce((SELECT disabled_now FROM counted), false)
-                    THEN NULL
-                    WHEN NOT (SELECT strict_order FROM sub) THEN
-                        (SELECT min(d.due_ms) FROM deliveries d
-                         WHERE d.sub_uid = (SELECT uid FROM sub) AND d.state = 0)
-                    -- Strict: a retry stays the oldest; one claimed here or still
-                    -- on the wire holds the lane; else the oldest waiting one's.
-                    WHEN $2 = 0 AND EXISTS (SELECT 1 FROM moved) THEN $3
-                    WHEN EXISTS (SELECT 1 FROM claimed)
-                         OR EXISTS (SELECT 1 FROM deliveries
-                                    WHERE sub_uid = (SELECT uid FROM sub)
-                                      AND state = 1 AND id <> $1)
-                    THEN NULL
-                    ELSE (SELECT due_ms FROM deliveries
-                          WHERE sub_uid = (SELECT uid FROM sub) AND state = 0
-                            AND strict
-                          ORDER BY id LIMIT 1)
-                END,
-                c.id, c.event_id, c.event_type, c.body, c.attempts, c.window_start_ms,
-                c.sub_uid
-         FROM (SELECT 1) AS one LEFT JOIN claimed c ON true",
-    )
-    .bind(claim.delivery_id)
-    .bind(state.code() as i16)
-    .bind(due_ms)
-    .bind(finished)
-    .bind(attempt.at_ms)
-    .bind(&attempt.outcome)
-    .bind(attempt.status_code.map(i32::from))
-    .bind(attempt.latency_ms.min(i64::MAX as u64) as i64)
-    .bind(&attempt.message)
-    .bind(ok)
-    .bind(dead)
-    .bind(claim.attempt.min(i32::MAX as u32) as i32)
-    .bind(claim.fence.map(|f| shard_number(f.shard)))
-    .bind(claim.fence.map(|f| f.epoch))
-    .bind(&stale_message)
-    .bind(then_claim)
-    .bind(gone)
-    .fetch_one(executor)
-    .await?;
-    let completion = Completion {
-        recorded: row.try_get(0)?,
-        disabled_now: row.try_get(2)?,
-        consecutive_failures: row.try_get::<i32, _>(1)?.max(0) as u32,
-        next_due_ms: row.try_get(3)?,
-        letter_queued: false,
-    };
-    let following = match row.try_get::<Option<i64>, _>(4)? {
-        None => None,
-        Some(delivery_id) => Some(Claimed {
-            delivery_id,
-            subscription_uid: row.try_get(10)?,
-            event_id: row.try_get(5)?,
-            event_type: row.try_get(6)?,
-            body: row.try_get(7)?,
-            attempt: row.try_get::<i32, _>(8)?.max(0) as u32,
-            window_start_ms: row.try_get(9)?,
-            fence: claim.fence,
-        }),
-    };
-    Ok((completion, following))
 }
 
 /// What a `herald_new_work` payload says.
@@ -1851,6 +1719,105 @@ mod tests {
             transactions <= bound,
             "{transactions} transactions, bound {bound}"
         );
+        store.close().await;
+    }
+
+    /// Records queued while the recorders wait for a connection are joined: 60 records of
+    /// 40 lanes (20 with two attempts on the wire) take a few statements, not 60; each
+    /// lane's attempts are all applied, one after the other (two failures count two), and
+    /// a delivery's record claims its lane's next.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn queued_records_of_many_lanes_share_statements() {
+        let Some(server) = Postgres::start() else {
+            return;
+        };
+        let store = Arc::new(connect(&server).await);
+        let mut claims = Vec::new();
+        for s in 0..40 {
+            let uid = format!("lane{s}");
+            store.upsert_subscription(sub(&uid)).await.unwrap();
+            for e in 0..3 {
+                store
+                    .publish(event(&format!("r-{s}-{e}")), vec![uid.clone()])
+                    .await
+                    .unwrap();
+            }
+            for _ in 0..(if s < 20 { 2 } else { 1 }) {
+                match store.claim_next(&uid, i64::MAX).await.unwrap() {
+                    Claim::Claimed(claimed) => claims.push(claimed),
+                    other => panic!("{uid}: {other:?}"),
+                }
+            }
+        }
+        let mut held = Vec::new();
+        for _ in 0..completions::RECORDERS {
+            held.push(store.recorders.acquire().await.unwrap());
+        }
+        // Lanes 0..20 fail both attempts; the others deliver and claim their next.
+        let records: Vec<_> = claims
+            .into_iter()
+            .map(|claimed| {
+                let store = store.clone();
+                tokio::spawn(async move {
+                    let lane: usize = claimed.subscription_uid[4..].parse().unwrap();
+                    let (next, then_claim) = if lane < 20 {
+                        (Next::Retry { due_ms: 50_000 }, None)
+                    } else {
+                        (Next::Delivered, Some(i64::MAX))
+                    };
+                    let recorded = store
+                        .complete_and_claim(claimed.claim_ref(), attempt(), next, then_claim)
+                        .await
+                        .unwrap();
+                    (lane, recorded)
+                })
+            })
+            .collect();
+        // The recorders' waits for a connection end at ACQUIRE_TIMEOUT (5 s).
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(4);
+        while store.completions.queued() < 60 - 3 && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let queued = store.completions.queued();
+        drop(held);
+        for record in records {
+            let (lane, (completion, following)) = record.await.unwrap();
+            assert!(completion.recorded, "lane{lane}");
+            if lane < 20 {
+                assert!(following.is_none(), "lane{lane}");
+            } else {
+                let next = following.unwrap_or_else(|| panic!("lane{lane}: nothing claimed"));
+                assert_eq!(next.subscription_uid, format!("lane{lane}"));
+                assert_eq!(next.attempt, 1);
+            }
+        }
+        for s in 0..40 {
+            let state = store
+                .subscription_state(&format!("lane{s}"))
+                .await
+                .unwrap()
+                .unwrap();
+            if s < 20 {
+                assert_eq!((state.delivered, state.failed), (0, 2), "lane{s}");
+                assert_eq!(state.consecutive_failures, 2, "lane{s}");
+            } else {
+                assert_eq!((state.delivered, state.failed), (1, 0), "lane{s}");
+            }
+        }
+        let mut conn = raw(&server.url).await;
+        let (logged, statements): (i64, i64) = sqlx_core::query_as::query_as(
+            "SELECT count(*), count(DISTINCT xmin::text) FROM attempt_log",
+        )
+        .fetch_one(&mut conn)
+        .await
+        .unwrap();
+        println!("60 records held at the pool: {statements} statements");
+        assert!(queued >= 60 - 3, "only {queued} records were queued within 4 s");
+        assert_eq!(logged, 60);
+        // Each recorder took a record before it waited; the rest go in one statement, and
+        // the second attempts of lanes 0..20 in the one after it.
+        let bound = completions::RECORDERS as i64 + 2;
+        assert!(statements <= bound, "{statements} statements, bound {bound}");
         store.close().await;
     }
 

@@ -223,11 +223,21 @@ class Nemesis:
     def iptables(self, pod, action, rule):
         """An OUTPUT rule in the Pod's network namespace (which outlives a restart of its
         container: entered through whichever herald process the Pod runs now)."""
-        pid = herald_pids(self.cluster).get(pod)
-        if pid is None:
-            if action == "-D":
-                raise AssertionError(f"cannot heal the partition of {pod}: no herald process in it")
-            return
+        # Healing waits for the Pod's herald: a replica killed while partitioned restarts
+        # after the kubelet's back-off (which doubles with each kill, up to 5 minutes).
+        deadline = time.monotonic() + 330
+        while (pid := herald_pids(self.cluster).get(pod)) is None:
+            if action == "-A":
+                return
+            if pod not in {p["metadata"]["name"] for p in self.cluster.pods(NS)}:
+                # The Pod is gone (a rolling restart), and its network namespace with the rule.
+                with self.lock:
+                    self.partitioned.discard((pod, rule))
+                return
+            if time.monotonic() > deadline:
+                raise AssertionError(f"cannot heal the partition of {pod}: no herald process "
+                                     "in it for 330 s")
+            time.sleep(1)
         run(["nsenter", "-t", str(pid), "-n", "iptables", "-w", action, "OUTPUT", *rule], timeout=30)
         with self.lock:
             (self.partitioned.add if action == "-A" else self.partitioned.discard)((pod, rule))

@@ -187,6 +187,16 @@ def images(cluster):
     return {"herald": built["image"], "size": size, "producer": producer}
 
 
+class ReceiverServer(ThreadingHTTPServer):
+    """A receiver's server: a peer that resets a connection (a replica killed with an
+    attempt on the wire) is part of the test, not an error to print."""
+    daemon_threads = True
+
+    def handle_error(self, request, client_address):
+        if not isinstance(sys.exc_info()[1], ConnectionError):
+            super().handle_error(request, client_address)
+
+
 class ControlHandler(BaseHTTPRequestHandler):
     """A receiver's requests: HTTP/1.1, not logged; GET answers the receiver's `control`
     ("go" or "stop") for producers. `receiver` is set on the subclass."""
@@ -250,8 +260,7 @@ class Receiver:
                         receiver.in_flight[event_id] -= 1
 
         Handler.receiver = self
-        self.server = ThreadingHTTPServer((host, 0), Handler)
-        self.server.daemon_threads = True
+        self.server = ReceiverServer((host, 0), Handler)
         if tls:
             # HTTPS with the certificate and key files tls names.
             context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)

@@ -25,11 +25,10 @@ import socket
 import struct
 import threading
 import time
-from http.server import ThreadingHTTPServer
 
 from standardwebhooks.webhooks import Webhook
 
-from conftest import SECRET, ControlHandler, tenant
+from conftest import SECRET, ControlHandler, ReceiverServer, tenant
 
 HOSTILE = "hostile"
 MIXED_TIMEOUT = 2.0
@@ -180,8 +179,7 @@ class HostileReceiver:
                     self.close_connection = True
 
         Handler.receiver = self
-        self.server = ThreadingHTTPServer((host, 0), Handler)
-        self.server.daemon_threads = True
+        self.server = ReceiverServer((host, 0), Handler)
         self.port = self.server.server_address[1]
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
         self.thread.start()

@@ -213,7 +213,9 @@ async fn commit_and_answer(
         // so): the publishes queued meanwhile are told so too, at once, rather than each
         // waiting for a committer to find the same, one batch after another.
         Ok(Err(e)) if unreachable(&e) => {
-            let message = classify(e).to_string();
+            let message = match classify(e) {
+                Error::Unavailable(m) | Error::Backend(m) => m,
+            };
             let mut refused = batch;
             if let Ok(mut queued) = queued.try_lock() {
                 while let Ok(next) = queued.try_recv() {
