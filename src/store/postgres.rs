@@ -325,11 +325,8 @@ impl PostgresStore {
                 })
             })
             .connect_lazy_with(write_path.clone());
-        let relaxed = pool().connect_lazy_with(
-            write_path
-                .clone()
-                .options([("synchronous_commit", "off")]),
-        );
+        let relaxed =
+            pool().connect_lazy_with(write_path.clone().options([("synchronous_commit", "off")]));
         let recorders = pool()
             .max_connections(completions::RECORDERS as u32)
             .connect_lazy_with(write_path.options([
@@ -1812,12 +1809,18 @@ mod tests {
         .await
         .unwrap();
         println!("60 records held at the pool: {statements} statements");
-        assert!(queued >= 60 - 3, "only {queued} records were queued within 4 s");
+        assert!(
+            queued >= 60 - 3,
+            "only {queued} records were queued within 4 s"
+        );
         assert_eq!(logged, 60);
         // Each recorder took a record before it waited; the rest go in one statement, and
         // the second attempts of lanes 0..20 in the one after it.
         let bound = completions::RECORDERS as i64 + 2;
-        assert!(statements <= bound, "{statements} statements, bound {bound}");
+        assert!(
+            statements <= bound,
+            "{statements} statements, bound {bound}"
+        );
         store.close().await;
     }
 

@@ -417,7 +417,11 @@ pub(super) async fn write_one<'e>(
     executor: impl Executor<'e, Database = sqlx_postgres::Postgres>,
     record: &Record,
 ) -> std::result::Result<Recorded, sqlx_core::Error> {
-    write(executor, &[record]).await?.pop().flatten().ok_or_else(|| {
-        sqlx_core::Error::Protocol("recording an attempt returned no answer for it".into())
-    })
+    write(executor, &[record])
+        .await?
+        .pop()
+        .flatten()
+        .ok_or_else(|| {
+            sqlx_core::Error::Protocol("recording an attempt returned no answer for it".into())
+        })
 }
