@@ -190,9 +190,11 @@ class Nemesis:
         with self.lock:
             if not self.pauses or self.pauses[-1][1] is not None:
                 return
+        # The resume counts from when it is sent: herald may deliver before kubectl exits.
+        resuming = time.monotonic()
         self.set_paused(False)
         with self.lock:
-            self.pauses[-1][1] = time.monotonic()
+            self.pauses[-1][1] = resuming
 
     def watch_delayed_until(self, start, end):
         """The end of the last fault that could keep a replica from seeing, between `start`
