@@ -1824,6 +1824,81 @@ mod tests {
         store.close().await;
     }
 
+    /// A record left for the next statement (a second attempt of its lane) is written when
+    /// no other record comes: its recorder does not wait for the queue, which another
+    /// recorder holds while it waits for records.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn a_record_left_for_the_next_statement_is_written_when_nothing_else_comes() {
+        let Some(server) = Postgres::start() else {
+            return;
+        };
+        let store = Arc::new(connect(&server).await);
+        let mut claims = std::collections::HashMap::new();
+        for (uid, attempts) in [("f0", 1), ("f1", 1), ("f2", 1), ("lane", 2)] {
+            store.upsert_subscription(sub(uid)).await.unwrap();
+            for e in 0..attempts {
+                store
+                    .publish(event(&format!("{uid}-{e}")), vec![uid.into()])
+                    .await
+                    .unwrap();
+                match store.claim_next(uid, i64::MAX).await.unwrap() {
+                    Claim::Claimed(claimed) => claims.insert(format!("{uid}-{e}"), claimed),
+                    other => panic!("{uid}: {other:?}"),
+                };
+            }
+        }
+        let record = |key: &str| {
+            let (store, claimed) = (store.clone(), claims[key].clone());
+            tokio::spawn(async move {
+                store
+                    .complete(
+                        claimed.claim_ref(),
+                        attempt(),
+                        Next::Retry { due_ms: 50_000 },
+                    )
+                    .await
+            })
+        };
+        let mut held = Vec::new();
+        for _ in 0..completions::RECORDERS {
+            held.push(store.recorders.acquire().await.unwrap());
+        }
+        // Each recorder takes one of f0..f2 and waits for a connection; both of lane's
+        // records then wait in the queue, to be taken together by one recorder.
+        let queued_within = |sent: usize, queued: usize| {
+            let store = store.clone();
+            async move {
+                let deadline = tokio::time::Instant::now() + Duration::from_secs(4);
+                while store.completions.sent() != sent || store.completions.queued() != queued {
+                    assert!(
+                        tokio::time::Instant::now() < deadline,
+                        "never {sent} sent and {queued} queued"
+                    );
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+            }
+        };
+        let mut records = Vec::new();
+        for (n, key) in ["f0-0", "f1-0", "f2-0"].into_iter().enumerate() {
+            records.push(record(key));
+            queued_within(n + 1, 0).await;
+        }
+        records.push(record("lane-0"));
+        records.push(record("lane-1"));
+        queued_within(5, 2).await;
+        drop(held);
+        let all = tokio::time::timeout(Duration::from_secs(10), async {
+            for record in records {
+                assert!(record.await.unwrap().unwrap().recorded);
+            }
+        })
+        .await;
+        assert!(all.is_ok(), "a record waited for records that never came");
+        let state = store.subscription_state("lane").await.unwrap().unwrap();
+        assert_eq!(state.failed, 2);
+        store.close().await;
+    }
+
     /// Claims, publishes and completions racing a removal: once `remove_subscription` has
     /// returned, nothing of the subscription is pending or in flight, no claim succeeds,
     /// and no completion of an attempt that was on the wire records anything.

@@ -188,6 +188,9 @@ struct Queued {
 /// The record queue; the recorders stop once it is dropped.
 pub(super) struct Completions {
     queue: mpsc::Sender<Queued>,
+    /// Records handed to the queue so far.
+    #[cfg(test)]
+    sent: std::sync::atomic::AtomicUsize,
 }
 
 impl Completions {
@@ -199,7 +202,17 @@ impl Completions {
         for _ in 0..RECORDERS {
             tokio::spawn(recorder(batches.clone(), alone.clone(), queued.clone()));
         }
-        Self { queue }
+        Self {
+            queue,
+            #[cfg(test)]
+            sent: Default::default(),
+        }
+    }
+
+    /// Records handed to the queue so far.
+    #[cfg(test)]
+    pub(super) fn sent(&self) -> usize {
+        self.sent.load(std::sync::atomic::Ordering::Acquire)
     }
 
     /// Records waiting for a recorder.
@@ -216,6 +229,8 @@ impl Completions {
                 .send(Queued { record, answer })
                 .await
                 .map_err(|_| Error::Unavailable("the PostgreSQL store is closed".into()))?;
+            #[cfg(test)]
+            self.sent.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
             answered
                 .await
                 .map_err(|_| Error::Backend("the record stopped before it answered".into()))?
@@ -230,22 +245,29 @@ async fn recorder(batches: PgPool, alone: PgPool, queued: Arc<Mutex<mpsc::Receiv
     let mut carried: Vec<Queued> = Vec::new();
     loop {
         let mut batch = std::mem::take(&mut carried);
-        {
+        if batch.is_empty() {
             let mut queued = queued.lock().await;
-            if batch.is_empty() {
-                let Some(first) = queued.recv().await else {
-                    return;
-                };
-                batch.push(first);
-            }
-            while batch.len() < MAX_BATCH {
-                match queued.try_recv() {
-                    Ok(next) => batch.push(next),
-                    Err(_) => break,
-                }
-            }
+            let Some(first) = queued.recv().await else {
+                return;
+            };
+            batch.push(first);
+            take_queued(&mut queued, &mut batch);
+        } else if let Ok(mut queued) = queued.try_lock() {
+            // Never waits for the queue: another recorder may hold it while waiting for a
+            // record that does not come, and the records carried here would wait with it.
+            take_queued(&mut queued, &mut batch);
         }
         carried = record_and_answer(&batches, &alone, batch).await;
+    }
+}
+
+/// Adds what is queued to `batch`, up to [`MAX_BATCH`].
+fn take_queued(queued: &mut mpsc::Receiver<Queued>, batch: &mut Vec<Queued>) {
+    while batch.len() < MAX_BATCH {
+        match queued.try_recv() {
+            Ok(next) => batch.push(next),
+            Err(_) => break,
+        }
     }
 }
 
