@@ -510,13 +510,28 @@ impl Store for PostgresStore {
     }
 
     async fn publish(&self, event: NewEvent, targets: Vec<String>) -> Result<PublishResult> {
+        Ok(self.publish_and_claim(event, targets, Vec::new()).await?.0)
+    }
+
+    /// The claims are made in the publish's own statement, as its deliveries are written
+    /// (see [`group_commit`]'s `PUBLISH`).
+    async fn publish_and_claim(
+        &self,
+        event: NewEvent,
+        targets: Vec<String>,
+        claims: Vec<(String, Option<ShardFence>)>,
+    ) -> Result<(PublishResult, Vec<Claimed>)> {
         // Each target once, in the caller's order.
         let mut seen = HashSet::new();
         let targets: Vec<String> = targets
             .into_iter()
             .filter(|t| seen.insert(t.clone()))
             .collect();
-        self.publishes.publish(event, targets).await
+        self.publishes.publish(event, targets, claims).await
+    }
+
+    fn claims_with_publish(&self) -> bool {
+        true
     }
 
     /// Publishes and replays NOTIFY `herald_new_work` with what they gave work (in the same
@@ -1327,6 +1342,117 @@ mod tests {
             HashSet::from([("ns".to_string(), "order.created".to_string())])
         );
         assert_eq!(seen.subscriptions, narrow.into_iter().collect());
+        store.close().await;
+    }
+
+    /// A publish claims, in its own statement, the delivery of each lane it was asked for
+    /// that a claim at its time would take, and only those: not under a stale epoch or in
+    /// another shard, not a strict-order lane, not past a due delivery of the lane; and its
+    /// notice names only the lanes it did not claim.
+    #[tokio::test]
+    async fn a_publish_claims_what_a_claim_at_its_time_would_take() {
+        let Some(server) = Postgres::start() else {
+            return;
+        };
+        let store = connect(&server).await;
+        assert_eq!(
+            super::super::suite::claims_made_with_a_publish(&store).await,
+            1
+        );
+        let fence = |epoch| Some(ShardFence { shard: 3, epoch });
+        for uid in ["c1", "c2", "c3", "c4", "c5"] {
+            let strict_order = uid == "c3";
+            let shard = if uid == "c5" { 4 } else { 3 };
+            store
+                .upsert_subscription(SubscriptionRecord {
+                    strict_order,
+                    shard,
+                    ..sub(uid)
+                })
+                .await
+                .unwrap();
+        }
+        assert!(store.take_shard(3, "me", 2, 50).await.unwrap());
+        assert!(store.take_shard(4, "me", 2, 50).await.unwrap());
+        // c4 has a delivery due before the publish: that one is its lane's next.
+        store
+            .publish(
+                NewEvent {
+                    published_ms: 90,
+                    ..event("early")
+                },
+                vec!["c4".into()],
+            )
+            .await
+            .unwrap();
+        let feed = store.new_work().unwrap();
+        let first = tokio::time::timeout(Duration::from_secs(10), feed.next())
+            .await
+            .unwrap();
+        assert!(first.unknown, "{first:?}");
+
+        let all: Vec<String> = ["c1", "c2", "c3", "c4", "c5"].map(String::from).into();
+        let asked = vec![
+            ("c1".to_string(), fence(2)),
+            ("c2".to_string(), fence(1)),
+            ("c3".to_string(), fence(2)),
+            ("c4".to_string(), fence(2)),
+            ("c5".to_string(), fence(2)),
+        ];
+        let (published, claimed) = store
+            .publish_and_claim(event("e1"), all.clone(), asked)
+            .await
+            .unwrap();
+        assert_eq!(published.targets, all);
+        let claimed: Vec<(&str, &str, u32, i64, Option<ShardFence>)> = claimed
+            .iter()
+            .map(|c| {
+                (
+                    c.subscription_uid.as_str(),
+                    c.event_id.as_str(),
+                    c.attempt,
+                    c.window_start_ms,
+                    c.fence,
+                )
+            })
+            .collect();
+        assert_eq!(
+            claimed,
+            [("c1", "e1", 1, 100, fence(2))],
+            "claimed besides c1: c2 under a stale epoch, c3 in strict order, c4 past its due \
+             delivery, or c5 under another shard's fence"
+        );
+        // c1's delivery is in flight: nothing of it to claim. The others claim as usual.
+        assert!(matches!(
+            store
+                .claim_fenced("c1", 100, fence(2).unwrap())
+                .await
+                .unwrap(),
+            Claim::Idle { .. }
+        ));
+        for (uid, id) in [("c2", "e1"), ("c3", "e1"), ("c4", "early"), ("c5", "e1")] {
+            let shard = if uid == "c5" { 4 } else { 3 };
+            let fence = ShardFence { shard, epoch: 2 };
+            match store.claim_fenced(uid, 100, fence).await.unwrap() {
+                Claim::Claimed(c) => assert_eq!(c.event_id, id, "{uid}"),
+                Claim::Idle { .. } => panic!("{uid}'s delivery was taken by the publish"),
+            }
+        }
+        // The notice names the lanes the publish did not start.
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        let mut seen = HashSet::new();
+        while seen.len() < 4 {
+            assert!(std::time::Instant::now() < deadline, "{seen:?}");
+            let work = tokio::time::timeout(Duration::from_secs(10), feed.next())
+                .await
+                .unwrap();
+            seen.extend(work.subscriptions);
+        }
+        assert_eq!(
+            seen,
+            ["c2", "c3", "c4", "c5"].map(String::from).into(),
+            "the claimed lane was named, or another was not"
+        );
         store.close().await;
     }
 

@@ -24,7 +24,8 @@ use sqlx_postgres::PgPool;
 use tokio::sync::{Mutex, mpsc, oneshot};
 
 use super::{
-    Error, NewEvent, OP_TIMEOUT, PublishResult, Result, classify, first_answer, is_unavailable,
+    Claimed, Error, NewEvent, OP_TIMEOUT, PublishResult, Result, ShardFence, classify,
+    first_answer, is_unavailable, shard_number,
 };
 
 /// Committers working at once. Their commits queue behind the notify lock in any case;
@@ -47,22 +48,56 @@ const PAYLOAD_BYTES: usize = 7000;
 /// A batch of publishes in one statement: per publish (`n`, its place in the batch) the live
 /// targets (held FOR KEY SHARE, in one order for every batch, so that a removal waits for
 /// this commit and then purges what it created), the event (nothing if the id exists: ON
-/// CONFLICT waits for a concurrent publish of the same id to finish), and a pending
-/// delivery per live target, made in the batch's order so that a lane's deliveries keep
-/// their publishes' order. An event that matches nothing keeps its id (a repeat stays
+/// CONFLICT waits for a concurrent publish of the same id to finish), and a delivery per
+/// live target, made in the batch's order so that a lane's deliveries keep their
+/// publishes' order. An event that matches nothing keeps its id (a repeat stays
 /// idempotent) but not its body: nothing will ever send it. One row per publish written;
 /// none for an id that existed. A batch never holds the same id twice (see [`write`]).
+///
+/// A delivery is made already claimed (in flight, its first attempt) where the publish
+/// asked for its subscription's claim (`asked`: the engine started that lane with the
+/// publish) and a claim at the publish's time would take it: the subscription is enabled
+/// and unpaused, for a fenced claim its shard's owner row is at the claim's epoch (`owner`,
+/// FOR SHARE, in shard order, after the subscription rows and before any delivery, as
+/// every claim locks), nothing of the lane is due before it (in the statement's snapshot
+/// and earlier in the batch), and the subscription does not keep strict order (whose claim
+/// must also see every delivery committed meanwhile: those lanes claim as usual). That is
+/// the claim without a statement of its own, and one row version fewer.
 const PUBLISH: &str = "
     WITH input AS (
         SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::bytea[], $5::bigint[])
             WITH ORDINALITY AS i(namespace, event_id, event_type, body, published_ms, n)
     ), live AS MATERIALIZED (
-        SELECT t.n, s.uid, s.strict_order
+        SELECT t.n, s.uid, s.strict_order, s.paused, s.disabled, s.shard
         FROM unnest($6::bigint[], $7::text[]) AS t(n, uid)
         JOIN input i ON i.n = t.n
         JOIN subscriptions s ON s.uid = t.uid AND s.live AND s.namespace = i.namespace
         ORDER BY s.uid
         FOR KEY SHARE OF s
+    ), asked AS (
+        SELECT * FROM unnest($8::bigint[], $9::text[], $10::integer[], $11::bigint[])
+            AS a(n, uid, shard, epoch)
+    ), owner AS MATERIALIZED (
+        SELECT o.shard, o.epoch FROM shard_owners o
+        WHERE (o.shard, o.epoch) IN (SELECT a.shard, a.epoch FROM asked a
+                                     JOIN live l ON l.n = a.n AND l.uid = a.uid
+                                     WHERE a.epoch IS NOT NULL)
+        ORDER BY o.shard
+        FOR SHARE
+    ), claiming AS MATERIALIZED (
+        SELECT l.n, l.uid
+        FROM live l
+        JOIN asked a ON a.n = l.n AND a.uid = l.uid
+        JOIN input i ON i.n = l.n
+        WHERE NOT l.paused AND NOT l.disabled AND NOT l.strict_order
+          AND (a.epoch IS NULL
+               OR l.shard = a.shard
+                  AND EXISTS (SELECT 1 FROM owner o
+                              WHERE o.shard = a.shard AND o.epoch = a.epoch))
+          AND NOT EXISTS (SELECT 1 FROM live e WHERE e.uid = l.uid AND e.n < l.n)
+          AND NOT EXISTS (SELECT 1 FROM deliveries d
+                          WHERE d.sub_uid = l.uid AND d.state = 0
+                            AND d.due_ms <= i.published_ms)
     ), ev AS (
         INSERT INTO events (namespace, event_id, event_type, body, published_ms, matched)
         SELECT i.namespace, i.event_id, i.event_type,
@@ -76,14 +111,20 @@ const PUBLISH: &str = "
         SELECT i.n, ev.id, i.published_ms
         FROM ev JOIN input i ON i.namespace = ev.namespace AND i.event_id = ev.event_id
     ), made AS (
-        INSERT INTO deliveries (event, sub_uid, state, due_ms, window_start_ms, strict)
-        SELECT w.id, live.uid, 0, w.published_ms, w.published_ms, live.strict_order
+        INSERT INTO deliveries (event, sub_uid, state, attempts, due_ms, window_start_ms, strict)
+        SELECT w.id, live.uid, CASE WHEN c.uid IS NULL THEN 0 ELSE 1 END,
+               CASE WHEN c.uid IS NULL THEN 0 ELSE 1 END,
+               w.published_ms, w.published_ms, live.strict_order
         FROM written w JOIN live ON live.n = w.n
+        LEFT JOIN claiming c ON c.n = live.n AND c.uid = live.uid
         ORDER BY w.n, live.uid
-        RETURNING event, sub_uid
+        RETURNING id, event, sub_uid, state
     )
-    SELECT w.n, coalesce(array_agg(m.sub_uid) FILTER (WHERE m.sub_uid IS NOT NULL),
-                         ARRAY[]::text[])
+    SELECT w.n,
+           coalesce(array_agg(m.sub_uid) FILTER (WHERE m.sub_uid IS NOT NULL),
+                    ARRAY[]::text[]),
+           coalesce(array_agg(m.sub_uid) FILTER (WHERE m.state = 1), ARRAY[]::text[]),
+           coalesce(array_agg(m.id) FILTER (WHERE m.state = 1), ARRAY[]::bigint[])
     FROM written w LEFT JOIN made m ON m.event = w.id
     GROUP BY w.n";
 
@@ -91,8 +132,13 @@ struct Queued {
     event: NewEvent,
     /// Each target once, in the caller's order.
     targets: Vec<String>,
-    answer: oneshot::Sender<Result<PublishResult>>,
+    /// The subscriptions whose claim the publish asks for, each with its fence.
+    claims: Vec<(String, Option<ShardFence>)>,
+    answer: oneshot::Sender<Result<Published>>,
 }
+
+/// A publish's answer and the deliveries it claimed.
+pub(super) type Published = (PublishResult, Vec<Claimed>);
 
 /// The publish queue; the committers stop once it is dropped.
 pub(super) struct GroupCommit {
@@ -123,17 +169,19 @@ impl GroupCommit {
         self.sent.load(std::sync::atomic::Ordering::Acquire)
     }
 
-    /// Publishes `event` to `targets` (each once) in the next group commit, answering once
-    /// it is on disk.
+    /// Publishes `event` to `targets` (each once) in the next group commit, claiming with it
+    /// what `claims` asks for (see [`PUBLISH`]), answering once it is on disk.
     pub(super) async fn publish(
         &self,
         event: NewEvent,
         targets: Vec<String>,
-    ) -> Result<PublishResult> {
+        claims: Vec<(String, Option<ShardFence>)>,
+    ) -> Result<Published> {
         let (answer, answered) = oneshot::channel();
         let queued = Queued {
             event,
             targets,
+            claims,
             answer,
         };
         let waited = tokio::time::timeout(OP_TIMEOUT, async {
@@ -277,8 +325,9 @@ async fn alone(pool: PgPool, item: Queued) {
                 return Ok(result);
             }
             let event = &item.event;
+            // A repeat claims nothing: its deliveries were made by the first publish.
             if let Some(first) = first_answer(&pool, &event.namespace, &event.event_id).await? {
-                return Ok(first);
+                return Ok((first, Vec::new()));
             }
         }
         Err(sqlx_core::Error::Protocol(
@@ -308,7 +357,7 @@ async fn write(
     pool: &PgPool,
     items: &[&Queued],
     shared: bool,
-) -> std::result::Result<Vec<Option<PublishResult>>, sqlx_core::Error> {
+) -> std::result::Result<Vec<Option<Published>>, sqlx_core::Error> {
     // One statement cannot both insert an id and see that insert conflict: a repeat
     // within the batch is left out of it.
     let mut seen = std::collections::HashSet::new();
@@ -323,10 +372,18 @@ async fn write(
         .map(|(i, _)| *i)
         .collect();
     let (mut target_of, mut target_uid) = (Vec::new(), Vec::new());
+    let (mut asked_of, mut asked_uid, mut asked_shard, mut asked_epoch) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for (n, item) in batch.iter().enumerate() {
         for uid in &item.targets {
             target_of.push(n as i64 + 1);
             target_uid.push(uid.as_str());
+        }
+        for (uid, fence) in &item.claims {
+            asked_of.push(n as i64 + 1);
+            asked_uid.push(uid.as_str());
+            asked_shard.push(fence.map(|f| shard_number(f.shard)));
+            asked_epoch.push(fence.map(|f| f.epoch));
         }
     }
     let mut tx = pool.begin().await?;
@@ -341,20 +398,34 @@ async fn write(
         .bind(column(&batch, |e| e.published_ms))
         .bind(target_of)
         .bind(target_uid)
+        .bind(asked_of)
+        .bind(asked_uid)
+        .bind(asked_shard)
+        .bind(asked_epoch)
         .fetch_all(&mut *tx)
         .await?;
-    let mut made: Vec<Option<Vec<String>>> = vec![None; batch.len()];
+    // Per publish written: its deliveries' subscriptions, and those made claimed with
+    // their ids.
+    type Made = (Vec<String>, Vec<String>, Vec<i64>);
+    let mut made: Vec<Option<Made>> = vec![None; batch.len()];
     for row in rows {
         let n: i64 = row.try_get(0)?;
         if let Some(slot) = usize::try_from(n - 1).ok().and_then(|n| made.get_mut(n)) {
-            *slot = Some(row.try_get(1)?);
+            *slot = Some((row.try_get(1)?, row.try_get(2)?, row.try_get(3)?));
         }
     }
     let mut notices = Notices::default();
     let mut written = made.into_iter().zip(&batch).map(|(made, item)| {
-        let made = made?;
+        let (made, claimed_uids, claimed_ids) = made?;
         let event = &item.event;
-        notices.add(&event.namespace, &event.event_type, &made);
+        // A lane whose delivery was claimed here has its attempt started by this publish:
+        // a notice would only send its holder to claim again after it.
+        let unclaimed: Vec<String> = made
+            .iter()
+            .filter(|uid| !claimed_uids.contains(uid))
+            .cloned()
+            .collect();
+        notices.add(&event.namespace, &event.event_type, &unclaimed);
         let made: BTreeSet<&str> = made.iter().map(String::as_str).collect();
         let live: Vec<String> = item
             .targets
@@ -362,14 +433,33 @@ async fn write(
             .filter(|t| made.contains(t.as_str()))
             .cloned()
             .collect();
-        Some(PublishResult {
+        let claimed = claimed_uids
+            .into_iter()
+            .zip(claimed_ids)
+            .map(|(uid, delivery_id)| Claimed {
+                delivery_id,
+                fence: item
+                    .claims
+                    .iter()
+                    .find(|(asked, _)| *asked == uid)
+                    .and_then(|(_, fence)| *fence),
+                subscription_uid: uid,
+                event_id: event.event_id.clone(),
+                event_type: event.event_type.clone(),
+                body: event.body.clone(),
+                attempt: 1,
+                window_start_ms: event.published_ms,
+            })
+            .collect();
+        let result = PublishResult {
             event_id: event.event_id.clone(),
             matched: live.len() as u32,
             duplicate: false,
             targets: live,
-        })
+        };
+        Some((result, claimed))
     });
-    let answers: Vec<Option<PublishResult>> = first
+    let answers: Vec<Option<Published>> = first
         .iter()
         .map(|first| {
             if *first {
