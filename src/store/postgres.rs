@@ -30,6 +30,10 @@
 //!   claims, and every later one sees the new epoch) and then, in the same transaction,
 //!   makes the shard's attempts in flight due again, including what a claim just before it
 //!   took: once it returns, the old holder claims nothing in that shard.
+//! - A publish may claim too ([`Store::publish_and_claim`], for the lanes the engine starts
+//!   with it): it writes those deliveries already in flight, under the same locks in the
+//!   same order (the subscription rows, then the owner rows at the claim's epoch), so a
+//!   removal or a take-over treats them as any claim's.
 //! - [`Store::complete`] locks the subscription row (`FOR NO KEY UPDATE`, to count) before
 //!   the delivery row, in the order everything else does, so a completion and a removal
 //!   never deadlock.
