@@ -1460,6 +1460,82 @@ mod tests {
         store.close().await;
     }
 
+    /// What a publish claimed and nobody will send (its commit went unanswered, or its
+    /// publisher gave up waiting) is given back: due again, its attempt not counted, once
+    /// the transaction is known to have committed; nothing when it rolled back.
+    #[tokio::test]
+    async fn claims_of_an_unanswered_publish_are_given_back() {
+        let Some(server) = Postgres::start() else {
+            return;
+        };
+        let store = connect(&server).await;
+        for uid in ["g1", "g2", "g3"] {
+            store.upsert_subscription(sub(uid)).await.unwrap();
+        }
+        let mut claimed = Vec::new();
+        for uid in ["g1", "g2", "g3"] {
+            let (_, c) = store
+                .publish_and_claim(
+                    event(&format!("e-{uid}")),
+                    vec![uid.into()],
+                    vec![(uid.into(), None)],
+                )
+                .await
+                .unwrap();
+            assert_eq!(c.len(), 1, "{uid} was not claimed with its publish");
+            claimed.push(c[0].delivery_id);
+        }
+        let in_flight = |uid: &'static str| {
+            let store = &store;
+            async move {
+                matches!(
+                    store.claim_next(uid, 100).await.unwrap(),
+                    Claim::Idle { .. }
+                )
+            }
+        };
+        // The publisher gone after the commit: given back at once.
+        group_commit::give_back(store.synced.clone(), vec![claimed[0]], None).await;
+        match store.claim_next("g1", 100).await.unwrap() {
+            Claim::Claimed(c) => assert_eq!((c.delivery_id, c.attempt), (claimed[0], 1)),
+            Claim::Idle { .. } => panic!("g1's claim was not given back"),
+        }
+        // A commit still under way: nothing given back until it is done.
+        let mut other = raw(&server.url).await;
+        query("BEGIN").execute(&mut other).await.unwrap();
+        let xid: i64 = query_scalar("SELECT txid_current()")
+            .fetch_one(&mut other)
+            .await
+            .unwrap();
+        let waiting = group_commit::give_back(store.synced.clone(), vec![claimed[1]], Some(xid));
+        assert!(
+            tokio::time::timeout(Duration::from_millis(500), waiting)
+                .await
+                .is_err(),
+            "gave back before the transaction was done"
+        );
+        assert!(
+            in_flight("g2").await,
+            "g2 given back while its publish committed"
+        );
+        query("COMMIT").execute(&mut other).await.unwrap();
+        group_commit::give_back(store.synced.clone(), vec![claimed[1]], Some(xid)).await;
+        assert!(!in_flight("g2").await, "g2's claim was not given back");
+        // Rolled back: there was nothing to give back (here g3's claim stays).
+        query("BEGIN").execute(&mut other).await.unwrap();
+        let xid: i64 = query_scalar("SELECT txid_current()")
+            .fetch_one(&mut other)
+            .await
+            .unwrap();
+        query("ROLLBACK").execute(&mut other).await.unwrap();
+        group_commit::give_back(store.synced.clone(), vec![claimed[2]], Some(xid)).await;
+        assert!(
+            in_flight("g3").await,
+            "a rolled-back transaction's ids were given back"
+        );
+        store.close().await;
+    }
+
     /// A plain connection beside the store, to look at or hold rows as another process would.
     async fn raw(url: &str) -> PgConnection {
         PgConnection::connect(url).await.unwrap()

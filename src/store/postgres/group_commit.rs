@@ -19,6 +19,7 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use sqlx_core::query::query;
+use sqlx_core::query_scalar::query_scalar;
 use sqlx_core::row::Row;
 use sqlx_postgres::PgPool;
 use tokio::sync::{Mutex, mpsc, oneshot};
@@ -42,6 +43,9 @@ const QUEUE: usize = 4096;
 /// beyond this the batch is written again one publish at a time, each in a task of its
 /// own, so that only the publish to that subscription waits, and no committer.
 const SHARED_LOCK_TIMEOUT: &str = "SET LOCAL lock_timeout = '250ms'";
+/// How long claims a publish may have committed unanswered are offered back (see
+/// [`give_back`]).
+const GIVE_BACK_FOR: std::time::Duration = std::time::Duration::from_secs(600);
 /// A NOTIFY payload must stay under 8,000 bytes.
 const PAYLOAD_BYTES: usize = 7000;
 
@@ -237,15 +241,13 @@ async fn commit_and_answer(
     queued: &Mutex<mpsc::Receiver<Queued>>,
 ) {
     let items: Vec<&Queued> = batch.iter().collect();
-    let written = tokio::time::timeout(OP_TIMEOUT, write(pool, &items, true)).await;
+    let deadline = tokio::time::Instant::now() + OP_TIMEOUT;
+    let written = write_or_give_back(pool, &items, true, deadline).await;
     match written {
         Ok(Ok(answers)) => {
             for (item, answer) in batch.into_iter().zip(answers) {
                 match answer {
-                    Some(result) => {
-                        // A publisher that gave up waiting is gone; its publish stays written.
-                        let _ = item.answer.send(Ok(result));
-                    }
+                    Some(result) => answer_or_give_back(pool, item.answer, result),
                     // Its answer may mean writing it again: on its own, as below.
                     None => {
                         tokio::spawn(alone(pool.clone(), item));
@@ -319,26 +321,159 @@ fn waited_for_a_lock(e: &sqlx_core::Error) -> bool {
 /// Writes one publish in a transaction of its own and answers it: for an id that existed,
 /// with the first publish's answer (written again if that was pruned in between).
 async fn alone(pool: PgPool, item: Queued) {
-    let answer = tokio::time::timeout(OP_TIMEOUT, async {
+    let deadline = tokio::time::Instant::now() + OP_TIMEOUT;
+    let answer = async {
         for _ in 0..3 {
-            if let Some(result) = write(&pool, &[&item], false).await?.remove(0) {
+            let written = write_or_give_back(&pool, &[&item], false, deadline).await;
+            if let Some(result) = written.map_err(|_| Failed::Timeout)??.remove(0) {
                 return Ok(result);
             }
             let event = &item.event;
             // A repeat claims nothing: its deliveries were made by the first publish.
-            if let Some(first) = first_answer(&pool, &event.namespace, &event.event_id).await? {
+            let first = first_answer(&pool, &event.namespace, &event.event_id);
+            if let Some(first) = tokio::time::timeout_at(deadline, first)
+                .await
+                .map_err(|_| Failed::Timeout)??
+            {
                 return Ok((first, Vec::new()));
             }
         }
         Err(sqlx_core::Error::Protocol(
             "publish: the event id conflicted with an event that then vanished".into(),
-        ))
-    })
+        )
+        .into())
+    }
     .await;
-    let _ = item.answer.send(match answer {
-        Ok(answer) => answer.map_err(classify),
-        Err(_) => Err(timed_out()),
-    });
+    match answer {
+        Ok(result) => answer_or_give_back(&pool, item.answer, result),
+        Err(e) => {
+            let _ = item.answer.send(Err(match e {
+                Failed::Timeout => timed_out(),
+                Failed::Server(e) => classify(e),
+            }));
+        }
+    }
+}
+
+/// Why [`alone`] gave up.
+enum Failed {
+    Timeout,
+    Server(sqlx_core::Error),
+}
+
+impl From<sqlx_core::Error> for Failed {
+    fn from(e: sqlx_core::Error) -> Self {
+        Failed::Server(e)
+    }
+}
+
+/// Answers a publish; when its publisher is gone (it gave up waiting), what the publish
+/// claimed has nobody to send it and is given back. The publish itself stays written.
+fn answer_or_give_back(
+    pool: &PgPool,
+    answer: oneshot::Sender<Result<Published>>,
+    result: Published,
+) {
+    if let Err(Ok((_, claimed))) = answer.send(Ok(result))
+        && !claimed.is_empty()
+    {
+        let ids = claimed.iter().map(|c| c.delivery_id).collect();
+        tokio::spawn(give_back(pool.clone(), ids, None));
+    }
+}
+
+/// [`write`] by `deadline`. When it fails or runs out of time after its statement claimed
+/// deliveries, its commit may have happened unanswered (the connection broke while
+/// committing): nobody would send what it claimed, so the claims are given back.
+async fn write_or_give_back(
+    pool: &PgPool,
+    items: &[&Queued],
+    shared: bool,
+    deadline: tokio::time::Instant,
+) -> std::result::Result<
+    std::result::Result<Vec<Option<Published>>, sqlx_core::Error>,
+    tokio::time::error::Elapsed,
+> {
+    let mut claimed = Unanswered::default();
+    let written = tokio::time::timeout_at(deadline, write(pool, items, shared, &mut claimed)).await;
+    // Without a transaction id the commit was never asked for: nothing was written.
+    if !matches!(written, Ok(Ok(_)))
+        && !claimed.ids.is_empty()
+        && let Some(xid) = claimed.xid
+    {
+        tokio::spawn(give_back(pool.clone(), claimed.ids, Some(xid)));
+    }
+    written
+}
+
+/// What a write claimed, and its transaction once the commit is about to be asked for.
+#[derive(Default)]
+struct Unanswered {
+    ids: Vec<i64>,
+    xid: Option<i64>,
+}
+
+/// Makes deliveries a publish claimed due again, once its transaction (`xid`, when its
+/// commit went unanswered) has committed, while they are still in flight under that claim
+/// (their first attempt: a take-over since made them due, and another claim counted a
+/// second), and wakes their lanes' holder. Retried while the server cannot be reached or
+/// the transaction is still committing, for up to [`GIVE_BACK_FOR`]; after that they are
+/// due again at the next take-over of their shard.
+pub(super) async fn give_back(pool: PgPool, ids: Vec<i64>, xid: Option<i64>) {
+    let started = tokio::time::Instant::now();
+    let mut backoff = std::time::Duration::from_millis(100);
+    loop {
+        let given = tokio::time::timeout(OP_TIMEOUT, async {
+            // A transaction still committing has not made its rows visible yet.
+            if let Some(xid) = xid {
+                let status: Option<String> = query_scalar("SELECT txid_status($1)")
+                    .bind(xid)
+                    .fetch_one(&pool)
+                    .await?;
+                match status.as_deref() {
+                    Some("committed") => {}
+                    Some("in progress") => return Ok(false),
+                    // Rolled back, or too old to tell (then long since answered by a
+                    // take-over).
+                    _ => return Ok(true),
+                }
+            }
+            query(
+                "WITH back AS (
+                     UPDATE deliveries SET state = 0, attempts = attempts - 1
+                     WHERE id = ANY($1) AND state = 1 AND attempts = 1
+                     RETURNING sub_uid
+                 )
+                 SELECT count(pg_notify('herald_new_work', uid))
+                 FROM (SELECT DISTINCT sub_uid AS uid FROM back) b",
+            )
+            .bind(&ids)
+            .execute(&pool)
+            .await
+            .map(|_| true)
+        })
+        .await;
+        match given {
+            Ok(Ok(true)) => return,
+            Ok(Ok(false)) => {}
+            Ok(Err(e)) => {
+                tracing::warn!(error = %classify(e), deliveries = ids.len(), "giving back what an unanswered publish claimed failed; retrying")
+            }
+            Err(_) => tracing::warn!(
+                deliveries = ids.len(),
+                "giving back what an unanswered publish claimed timed out; retrying"
+            ),
+        }
+        if started.elapsed() >= GIVE_BACK_FOR {
+            tracing::error!(
+                deliveries = ids.len(),
+                "could not give back what an unanswered publish claimed; those deliveries are due again when their shard is next taken"
+            );
+            return;
+        }
+        tokio::time::sleep(backoff).await;
+        backoff = (backoff * 2).min(std::time::Duration::from_secs(5));
+    }
 }
 
 fn timed_out() -> Error {
@@ -357,6 +492,7 @@ async fn write(
     pool: &PgPool,
     items: &[&Queued],
     shared: bool,
+    claimed: &mut Unanswered,
 ) -> std::result::Result<Vec<Option<Published>>, sqlx_core::Error> {
     // One statement cannot both insert an id and see that insert conflict: a repeat
     // within the batch is left out of it.
@@ -411,7 +547,9 @@ async fn write(
     for row in rows {
         let n: i64 = row.try_get(0)?;
         if let Some(slot) = usize::try_from(n - 1).ok().and_then(|n| made.get_mut(n)) {
-            *slot = Some((row.try_get(1)?, row.try_get(2)?, row.try_get(3)?));
+            let made_claimed: Vec<i64> = row.try_get(3)?;
+            claimed.ids.extend(&made_claimed);
+            *slot = Some((row.try_get(1)?, row.try_get(2)?, made_claimed));
         }
     }
     let mut notices = Notices::default();
@@ -471,17 +609,20 @@ async fn write(
         .collect();
     drop(written);
     let payloads = notices.payloads();
-    if shared || !payloads.is_empty() {
+    if shared || !payloads.is_empty() || !claimed.ids.is_empty() {
         // In the transaction: a notice is delivered only once the work is committed. The
         // lock timeout ends here: the commit waits for PostgreSQL's notify lock (notifying
         // commits go one at a time, each with its flush), and that wait must not fail it.
-        query(
-            "SELECT set_config('lock_timeout', '0', true), count(pg_notify('herald_new_work', p))
+        // The transaction's id tells, should the commit go unanswered, whether it happened.
+        let row = query(
+            "SELECT set_config('lock_timeout', '0', true), count(pg_notify('herald_new_work', p)),
+                    txid_current()
              FROM unnest($1::text[]) AS p",
         )
         .bind(&payloads)
-        .execute(&mut *tx)
+        .fetch_one(&mut *tx)
         .await?;
+        claimed.xid = Some(row.try_get(2)?);
     }
     tx.commit().await?;
     Ok(answers)
