@@ -467,8 +467,9 @@ async fn garbage_tokens_neither_slow_producers_nor_load_the_api_server() {
         "{answer}"
     );
 
-    // Two quiet seconds, then five turns of each flood, two seconds a turn.
-    let (rate, phase, turns) = (5_000, Duration::from_secs(2), 5);
+    // Two quiet seconds, then eight turns of each flood, two seconds a turn: sixteen
+    // one-second p99s each (a median of ten moved with the machine's load).
+    let (rate, phase, turns) = (5_000, Duration::from_secs(2), 8);
     let run = phase * (1 + 2 * turns);
     let reviews_before = herald
         .metric("herald_access_reviews_total", r#"review="token""#)
@@ -528,9 +529,16 @@ async fn garbage_tokens_neither_slow_producers_nor_load_the_api_server() {
         garbage_throttled as f64 >= sent(Flood::Garbage) as f64 * 0.9,
         "the garbage flood was not throttled: {statuses:?}"
     );
-    // Within 2× and a millisecond for the loopback HTTP itself, as in tests/read_flood.rs.
+    // Within 2× and a millisecond for the loopback HTTP itself, as in tests/read_flood.rs,
+    // by the median of its one-second p99s or by its p99 over all those seconds. A producer
+    // slowed by the garbage flood is slowed in most of its seconds, and both rise; load
+    // from elsewhere on a 2-core machine has raised one alone (a CI run: median 9.2 ms
+    // against 3.8 ms, over all seconds 9.3 ms against 8.7 ms; an earlier one the reverse).
+    let within = |flooded: Duration, reference: Duration| {
+        flooded <= reference * 2 + Duration::from_millis(1)
+    };
     assert!(
-        flooded <= reference * 2 + Duration::from_millis(1),
-        "the producer's p99 beside the garbage flood is {flooded:?}, beside a token-less flood of the same rate {reference:?}"
+        within(flooded, reference) || within(flooded_all, reference_all),
+        "the producer's p99 beside the garbage flood is {flooded:?} (over all its seconds {flooded_all:?}), beside a token-less flood of the same rate {reference:?} ({reference_all:?})"
     );
 }
