@@ -30,6 +30,8 @@ pub struct Cli {
 pub(crate) enum Command {
     /// Print every CustomResourceDefinition as YAML (what crds/ holds).
     Crds,
+    /// Print the ingest API's OpenAPI 3.1 document (what GET /openapi.json serves).
+    Openapi,
     /// Print the signature headers herald would send for a body, one `Name: value` a line.
     Sign(SignArgs),
     /// Check a received request's signature headers; exit 0 when valid, 1 with the reason.

@@ -1,4 +1,4 @@
-//! What each subcommand does: the offline tools (`crds`, `sign`, `verify`, `public-key`) here, the
+//! What each subcommand does: the offline tools (`crds`, `openapi`, `sign`, `verify`, `public-key`) here, the
 //! server (`run`) and the trial receiver (`receive`) in [`crate::run`].
 
 use std::io::Write;
@@ -13,6 +13,9 @@ use crate::signing::unix_now;
 pub fn execute(cli: Cli) -> ExitCode {
     let result = match cli.command {
         Command::Crds => crds(),
+        Command::Openapi => std::io::stdout()
+            .write_all(crate::ingest::openapi::document().as_bytes())
+            .map_err(Into::into),
         Command::Sign(args) => sign(args),
         Command::Verify(args) => return verify(args),
         Command::PublicKey(args) => public_key(args),

@@ -51,24 +51,40 @@ fn is_json(content_type: Option<&str>) -> bool {
     })
 }
 
+/// A CloudEvent in structured mode: other attributes (`time`, `subject`, extensions) are
+/// taken and not kept.
+#[derive(Deserialize, utoipa::ToSchema)]
+pub struct StructuredEvent {
+    /// 1.0, the only version taken.
+    #[schema(pattern = "^1\\.0$")]
+    specversion: String,
+    /// The idempotency key, as a herald event's id (1-255 visible ASCII characters).
+    #[schema(min_length = 1, max_length = 255, pattern = "^[!-~]+$")]
+    id: String,
+    /// Kept, and sent to CloudEvents receivers.
+    #[schema(min_length = 1)]
+    source: String,
+    /// The event's type, as a herald event's.
+    #[serde(rename = "type")]
+    #[schema(min_length = 1, max_length = 253, pattern = "^[A-Za-z0-9_.:/-]+$")]
+    kind: String,
+    /// application/json or a +json type (JSON when absent).
+    datacontenttype: Option<String>,
+    /// Any JSON value.
+    #[schema(value_type = Option<serde_json::Value>)]
+    data: Option<Box<RawValue>>,
+    /// Refused: only JSON data is taken.
+    #[schema(ignore)]
+    data_base64: Option<serde::de::IgnoredAny>,
+}
+
 /// A CloudEvent as the publish it stands for; the caller applies herald's rules to the id
 /// and type.
 pub fn decode(mode: Mode, headers: &HeaderMap, body: &[u8]) -> Result<PublishRequest, ApiError> {
     let invalid = |message: String| bad_request("invalid_cloudevent", message);
     let (spec_version, id, source, kind, data) = match mode {
         Mode::Structured => {
-            #[derive(Deserialize)]
-            struct Structured {
-                specversion: String,
-                id: String,
-                source: String,
-                #[serde(rename = "type")]
-                kind: String,
-                datacontenttype: Option<String>,
-                data: Option<Box<RawValue>>,
-                data_base64: Option<serde::de::IgnoredAny>,
-            }
-            let event: Structured = serde_json::from_slice(body).map_err(|e| {
+            let event: StructuredEvent = serde_json::from_slice(body).map_err(|e| {
                 invalid(format!(
                     "a structured CloudEvent is a JSON object with specversion, id, source and type: {e}"
                 ))

@@ -5,6 +5,7 @@
 pub mod auth;
 pub mod cloudevents;
 pub mod listener;
+pub mod openapi;
 mod parse_errors;
 
 use std::convert::Infallible;
@@ -19,11 +20,11 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde::Deserialize;
-use serde_json::json;
 use serde_json::value::RawValue;
+use utoipa::IntoParams;
 
 use crate::delivery::engine::{Engine, EngineError, Origin};
-use crate::store::StateFilter;
+use crate::store::{StateFilter, SubscriptionState};
 use auth::{AccessRequest, AuthError, Authorizer, Verb};
 
 /// Default largest accepted event body.
@@ -64,7 +65,12 @@ impl ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let body = Json(json!({"error": {"code": self.code, "message": self.message}}));
+        let body = Json(openapi::ErrorBody {
+            error: openapi::ErrorDetail {
+                code: self.code.to_string(),
+                message: self.message,
+            },
+        });
         let mut response = (self.status, body).into_response();
         if let Some(seconds) = self.retry_after {
             response
@@ -179,6 +185,7 @@ where
 
 pub fn router(api: Api) -> Router {
     Router::new()
+        .route("/openapi.json", get(openapi::serve))
         .route("/v1/namespaces/{namespace}/events", post(publish))
         .route("/v1/namespaces/{namespace}/attempts", get(search_attempts))
         .route(
@@ -210,6 +217,62 @@ pub fn router(api: Api) -> Router {
             )
         })
         .with_state(api)
+}
+
+/// A call's namespace.
+#[derive(Deserialize, IntoParams)]
+#[into_params(parameter_in = Path)]
+struct InNamespace {
+    /// A Kubernetes namespace name (an RFC 1123 label).
+    #[param(
+        min_length = 1,
+        max_length = 63,
+        pattern = "^[a-z0-9]([-a-z0-9]*[a-z0-9])?$",
+        example = "shop"
+    )]
+    namespace: String,
+}
+
+/// A call's subscription.
+#[derive(Deserialize, IntoParams)]
+#[into_params(parameter_in = Path)]
+struct OfSubscription {
+    /// The subscription's namespace (an RFC 1123 label).
+    #[param(
+        min_length = 1,
+        max_length = 63,
+        pattern = "^[a-z0-9]([-a-z0-9]*[a-z0-9])?$",
+        example = "shop"
+    )]
+    namespace: String,
+    /// The subscription's name (its WebhookSubscription's, or the standalone file's).
+    #[param(min_length = 1, max_length = 253, example = "orders")]
+    name: String,
+}
+
+/// One event's deliveries to a subscription.
+#[derive(Deserialize, IntoParams)]
+#[into_params(parameter_in = Path)]
+struct OfEvent {
+    /// The subscription's namespace (an RFC 1123 label).
+    #[param(
+        min_length = 1,
+        max_length = 63,
+        pattern = "^[a-z0-9]([-a-z0-9]*[a-z0-9])?$",
+        example = "shop"
+    )]
+    namespace: String,
+    /// The subscription's name.
+    #[param(min_length = 1, max_length = 253, example = "orders")]
+    name: String,
+    /// The event's id.
+    #[param(
+        min_length = 1,
+        max_length = 255,
+        pattern = "^[!-~]+$",
+        example = "evt-1"
+    )]
+    event_id: String,
 }
 
 /// A Kubernetes namespace name (RFC 1123 label).
@@ -265,16 +328,23 @@ async fn authorize(
         .map_err(ApiError::from)
 }
 
-/// A publish request's body, decoded and checked: `{"id"?, "type", "data"?}`.
-#[derive(Debug, Deserialize)]
+/// An event to publish: `{"id"?, "type", "data"?}`.
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
+#[schema(example = json!({"id": "evt-1", "type": "order.created", "data": {"order": 42}}))]
 pub struct PublishRequest {
-    /// 1-255 visible ASCII characters when given.
+    /// The idempotency key: a repeated id in the namespace delivers nothing again and
+    /// answers the first publish's figures. 1-255 visible ASCII characters; herald makes
+    /// one when absent.
+    #[schema(min_length = 1, max_length = 255, pattern = "^[!-~]+$")]
     pub id: Option<String>,
-    /// 1-253 characters of letters, digits and `_ . : / -`.
+    /// What happened: subscriptions choose events by type. 1-253 characters of letters,
+    /// digits and `_ . : / -`.
     #[serde(rename = "type")]
+    #[schema(min_length = 1, max_length = 253, pattern = "^[A-Za-z0-9_.:/-]+$")]
     pub kind: String,
-    /// Any JSON value, kept as the producer wrote it.
+    /// Any JSON value, delivered byte for byte as written.
+    #[schema(value_type = Option<serde_json::Value>)]
     pub data: Option<Box<RawValue>>,
     /// A published CloudEvent's source (see [`cloudevents`]).
     #[serde(skip)]
@@ -303,13 +373,8 @@ fn checked(request: PublishRequest) -> Result<PublishRequest, ApiError> {
             "type must be 1-253 characters of letters, digits and _ . : / -",
         ));
     }
-    if let Some(id) = &request.id
-        && (id.is_empty() || id.len() > 255 || !id.bytes().all(|b| b.is_ascii_graphic()))
-    {
-        return Err(bad_request(
-            "invalid_id",
-            "id must be 1-255 visible ASCII characters",
-        ));
+    if let Some(id) = &request.id {
+        check_event_id(id)?;
     }
     // The data is delivered byte for byte as written, so it must be JSON that receivers can
     // read. The grammar alone, all that keeping it raw checks, also admits numbers beyond
@@ -323,6 +388,18 @@ fn checked(request: PublishRequest) -> Result<PublishRequest, ApiError> {
         ));
     }
     Ok(request)
+}
+
+/// An event id: 1-255 visible ASCII characters (400 `invalid_id` otherwise), so every id
+/// herald stores is one.
+fn check_event_id(id: &str) -> ApiResult<()> {
+    if id.is_empty() || id.len() > 255 || !id.bytes().all(|b| b.is_ascii_graphic()) {
+        return Err(bad_request(
+            "invalid_id",
+            "id must be 1-255 visible ASCII characters",
+        ));
+    }
+    Ok(())
 }
 
 /// Why a body could not be read: over the limit (`too_large`), or not a well-formed HTTP
@@ -355,9 +432,28 @@ fn bad_request(code: &'static str, message: impl Into<String>) -> ApiError {
     ApiError::new(StatusCode::BAD_REQUEST, code, message)
 }
 
+/// Publishes an event: stored with a delivery for every subscription of the namespace
+/// whose types match, and answered once that is committed. Also takes a CloudEvent, in
+/// structured mode (`application/cloudevents+json`) or binary mode (`ce-*` headers).
+#[utoipa::path(
+    post,
+    path = "/v1/namespaces/{namespace}/events",
+    operation_id = "publish",
+    tag = "events",
+    params(InNamespace),
+    request_body(content(
+        (PublishRequest = "application/json"),
+        (cloudevents::StructuredEvent = "application/cloudevents+json"),
+    )),
+    responses(
+        (status = 202, description = "Stored (or a repeated id's first answer)", body = openapi::Published),
+        openapi::Refusals,
+        openapi::BodyRefusals,
+    ),
+)]
 async fn publish(
     State(api): State<Api>,
-    Path(namespace): Path<String>,
+    Path(InNamespace { namespace }): Path<InNamespace>,
     peer: Peer,
     headers: HeaderMap,
     body: Body,
@@ -408,20 +504,37 @@ async fn publish(
         .await?;
     Ok((
         StatusCode::ACCEPTED,
-        Json(json!({"id": result.event_id, "matched": result.matched})),
+        Json(openapi::Published {
+            id: result.event_id,
+            matched: result.matched,
+        }),
     )
         .into_response())
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
 struct ListQuery {
+    /// Which deliveries: dead, pending or all (the default).
+    #[param(value_type = Option<openapi::StateParam>)]
     state: Option<String>,
+    /// At most this many (default 100; taken as 1 to 10,000).
+    #[param(value_type = Option<u64>, minimum = 0, maximum = 4294967295_u64)]
     limit: Option<u32>,
 }
 
+/// A subscription's deliveries, newest event first, each with its last attempt.
+#[utoipa::path(
+    get,
+    path = "/v1/namespaces/{namespace}/subscriptions/{name}/attempts",
+    operation_id = "listDeliveries",
+    tag = "attempts",
+    params(OfSubscription, ListQuery),
+    responses((status = 200, description = "The deliveries", body = openapi::Deliveries), openapi::Refusals),
+)]
 async fn list_attempts(
     State(api): State<Api>,
-    Path((namespace, name)): Path<(String, String)>,
+    Path(OfSubscription { namespace, name }): Path<OfSubscription>,
     Query(query): Query<ListQuery>,
     peer: Peer,
     headers: HeaderMap,
@@ -442,46 +555,73 @@ async fn list_attempts(
     let items = api.engine.list(&namespace, &name, filter, limit).await?;
     // A page of up to 10,000 rows is written out on the blocking pool, not on the workers
     // that answer everyone's publishes.
-    #[derive(serde::Serialize)]
-    struct Page {
-        items: Vec<crate::store::DeliveryView>,
-    }
-    let body = tokio::task::spawn_blocking(move || serde_json::to_vec(&Page { items }))
-        .await
-        .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string()))?
-        .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string()))?;
+    let body =
+        tokio::task::spawn_blocking(move || serde_json::to_vec(&openapi::Deliveries { items }))
+            .await
+            .map_err(|e| {
+                ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string())
+            })?
+            .map_err(|e| {
+                ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string())
+            })?;
     Ok(([(header::CONTENT_TYPE, "application/json")], body).into_response())
 }
 
+/// Every attempt of one event to a subscription, oldest first.
+#[utoipa::path(
+    get,
+    path = "/v1/namespaces/{namespace}/subscriptions/{name}/events/{event_id}/attempts",
+    operation_id = "eventAttempts",
+    tag = "attempts",
+    params(OfEvent),
+    responses((status = 200, description = "The attempts", body = openapi::Attempts), openapi::Refusals),
+)]
 async fn event_attempts(
     State(api): State<Api>,
-    Path((namespace, name, event_id)): Path<(String, String, String)>,
+    Path(OfEvent {
+        namespace,
+        name,
+        event_id,
+    }): Path<OfEvent>,
     peer: Peer,
     headers: HeaderMap,
-) -> ApiResult<Json<serde_json::Value>> {
+) -> ApiResult<Json<openapi::Attempts>> {
     authorize(&api, Verb::Read, &namespace, Some(&name), &headers, peer).await?;
+    check_event_id(&event_id)?;
     let items = api.engine.attempts(&namespace, &name, &event_id).await?;
-    Ok(Json(json!({"items": items})))
+    Ok(Json(openapi::Attempts { items }))
 }
 
+/// A subscription's counters and flags.
+#[utoipa::path(
+    get,
+    path = "/v1/namespaces/{namespace}/subscriptions/{name}",
+    operation_id = "subscriptionState",
+    tag = "subscriptions",
+    params(OfSubscription),
+    responses((status = 200, description = "The subscription's state", body = SubscriptionState), openapi::Refusals),
+)]
 async fn subscription_state(
     State(api): State<Api>,
-    Path((namespace, name)): Path<(String, String)>,
+    Path(OfSubscription { namespace, name }): Path<OfSubscription>,
     peer: Peer,
     headers: HeaderMap,
-) -> ApiResult<Json<serde_json::Value>> {
+) -> ApiResult<Json<SubscriptionState>> {
     authorize(&api, Verb::Read, &namespace, Some(&name), &headers, peer).await?;
-    let state = api.engine.state(&namespace, &name).await?;
-    Ok(Json(serde_json::to_value(state).unwrap_or_default()))
+    Ok(Json(api.engine.state(&namespace, &name).await?))
 }
 
-#[derive(Deserialize, Default)]
+/// Which dead letters to deliver again (all of the subscription's when none is given).
+#[derive(Deserialize, Default, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 struct ReplayRequest {
+    /// Only these events.
     event_ids: Option<Vec<String>>,
     /// Only events published at or after this time (RFC 3339)...
+    #[schema(format = DateTime)]
     since: Option<String>,
     /// ...and before this one.
+    #[schema(format = DateTime)]
     until: Option<String>,
 }
 
@@ -532,17 +672,27 @@ fn time_range(
 }
 
 /// `GET .../attempts`: a search across the namespace's subscriptions.
-#[derive(Deserialize)]
+#[derive(Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 struct SearchQuery {
+    /// Only this subscription's attempts.
     subscription: Option<String>,
     /// Outcomes, comma-separated (any case): accepted, transient, terminal, gone.
     outcome: Option<String>,
+    /// Only attempts answered with this HTTP status.
+    #[param(minimum = 100, maximum = 599)]
     status: Option<u16>,
+    /// Only attempts at or after this time (RFC 3339)...
+    #[param(format = DateTime)]
     since: Option<String>,
+    /// ...and before this one.
+    #[param(format = DateTime)]
     until: Option<String>,
     /// The `nextCursor` of the page before.
     cursor: Option<String>,
+    /// At most this many (default 100; taken as 1 to 1,000).
+    #[param(value_type = Option<u64>, minimum = 0, maximum = 4294967295_u64)]
     limit: Option<u32>,
 }
 
@@ -600,13 +750,22 @@ impl SearchQuery {
     }
 }
 
+/// Searches the attempts of the namespace's subscriptions, newest first, a page at a time.
+#[utoipa::path(
+    get,
+    path = "/v1/namespaces/{namespace}/attempts",
+    operation_id = "searchAttempts",
+    tag = "attempts",
+    params(InNamespace, SearchQuery),
+    responses((status = 200, description = "A page of attempts", body = openapi::AttemptsFound), openapi::Refusals),
+)]
 async fn search_attempts(
     State(api): State<Api>,
-    Path(namespace): Path<String>,
+    Path(InNamespace { namespace }): Path<InNamespace>,
     Query(query): Query<SearchQuery>,
     peer: Peer,
     headers: HeaderMap,
-) -> ApiResult<Json<serde_json::Value>> {
+) -> ApiResult<Json<openapi::AttemptsFound>> {
     let subscription = query.subscription.clone();
     authorize(
         &api,
@@ -618,20 +777,33 @@ async fn search_attempts(
     )
     .await?;
     let page = api.engine.search(query.search(namespace)?).await?;
-    let mut body = json!({"items": page.items});
-    if let Some(next) = page.next {
-        body["nextCursor"] = json!(next.to_string());
-    }
-    Ok(Json(body))
+    Ok(Json(openapi::AttemptsFound {
+        items: page.items,
+        next_cursor: page.next.map(|next| next.to_string()),
+    }))
 }
 
+/// Delivers dead letters again: due now, their attempts counted afresh.
+#[utoipa::path(
+    post,
+    path = "/v1/namespaces/{namespace}/subscriptions/{name}/replay",
+    operation_id = "replay",
+    tag = "subscriptions",
+    params(OfSubscription),
+    request_body(content = Option<ReplayRequest>, content_type = "application/json"),
+    responses(
+        (status = 200, description = "Due again", body = openapi::Replayed),
+        openapi::Refusals,
+        openapi::BodyRefusals,
+    ),
+)]
 async fn replay(
     State(api): State<Api>,
-    Path((namespace, name)): Path<(String, String)>,
+    Path(OfSubscription { namespace, name }): Path<OfSubscription>,
     peer: Peer,
     headers: HeaderMap,
     body: Body,
-) -> ApiResult<Json<serde_json::Value>> {
+) -> ApiResult<Json<openapi::Replayed>> {
     authorize(&api, Verb::Manage, &namespace, Some(&name), &headers, peer).await?;
     let bytes = axum::body::to_bytes(body, api.max_body)
         .await
@@ -645,34 +817,46 @@ async fn replay(
                 ),
             )
         })?;
+    // No body, or `null`, selects every dead letter.
     let request: ReplayRequest = if bytes.iter().all(u8::is_ascii_whitespace) {
         ReplayRequest::default()
     } else {
-        serde_json::from_slice(&bytes).map_err(|e| {
-            bad_request(
-                "invalid_replay",
-                format!(
-                    "expected {{\"eventIds\"?: [string], \"since\"?: time, \"until\"?: time}}: {e}"
-                ),
-            )
-        })?
+        serde_json::from_slice::<Option<ReplayRequest>>(&bytes)
+            .map_err(|e| {
+                bad_request(
+                    "invalid_replay",
+                    format!(
+                        "expected {{\"eventIds\"?: [string], \"since\"?: time, \"until\"?: time}}: {e}"
+                    ),
+                )
+            })?
+            .unwrap_or_default()
     };
     let replayed = api
         .engine
         .replay(&namespace, &name, request.selection()?)
         .await?;
-    Ok(Json(json!({"replayed": replayed})))
+    Ok(Json(openapi::Replayed { replayed }))
 }
 
+/// Re-enables a subscription its failures (or a 410 Gone) disabled: its lane sends again
+/// and its failure count starts over.
+#[utoipa::path(
+    post,
+    path = "/v1/namespaces/{namespace}/subscriptions/{name}/enable",
+    operation_id = "enable",
+    tag = "subscriptions",
+    params(OfSubscription),
+    responses((status = 200, description = "The subscription's state", body = SubscriptionState), openapi::Refusals),
+)]
 async fn enable(
     State(api): State<Api>,
-    Path((namespace, name)): Path<(String, String)>,
+    Path(OfSubscription { namespace, name }): Path<OfSubscription>,
     peer: Peer,
     headers: HeaderMap,
-) -> ApiResult<Json<serde_json::Value>> {
+) -> ApiResult<Json<SubscriptionState>> {
     authorize(&api, Verb::Manage, &namespace, Some(&name), &headers, peer).await?;
-    let state = api.engine.enable(&namespace, &name).await?;
-    Ok(Json(serde_json::to_value(state).unwrap_or_default()))
+    Ok(Json(api.engine.enable(&namespace, &name).await?))
 }
 
 #[cfg(test)]

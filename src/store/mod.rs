@@ -92,7 +92,7 @@ pub struct ShardFence {
 }
 
 /// Counters and flags kept with the subscription row.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct SubscriptionState {
     pub live: bool,
@@ -181,16 +181,20 @@ pub enum Claim {
 }
 
 /// How an attempt ended, for the history.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct AttemptRecord {
+    /// When the attempt ended, Unix milliseconds.
     pub at_ms: i64,
     /// Accepted, Transient, Terminal or Gone.
     pub outcome: String,
+    /// The receiver's HTTP status, when it answered.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub status_code: Option<u16>,
+    /// From the request's start to the answer's end (or the failure).
     pub latency_ms: u64,
-    /// Response body excerpt (at most [`EXCERPT_BYTES`]) or what went wrong.
+    /// The start of the response body (at most `EXCERPT_BYTES`, 512 bytes) or what went
+    /// wrong.
     pub message: String,
 }
 
@@ -371,7 +375,7 @@ pub struct Completion {
     pub letter_queued: bool,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "kebab-case")]
 pub enum DeliveryState {
     Pending,
@@ -443,7 +447,7 @@ pub struct AttemptSearch {
 }
 
 /// One attempt a search found.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct AttemptHit {
     pub subscription: String,
@@ -503,14 +507,17 @@ pub enum StateFilter {
     All,
 }
 
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct DeliveryView {
     pub event_id: String,
     pub event_type: String,
     pub state: DeliveryState,
+    /// Attempts made so far.
     pub attempts: u32,
+    /// When the event was published, Unix milliseconds.
     pub published_ms: i64,
+    /// When the next attempt is due, Unix milliseconds (pending deliveries only).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub next_due_ms: Option<i64>,
     #[serde(skip_serializing_if = "Option::is_none")]
