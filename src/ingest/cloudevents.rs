@@ -61,8 +61,8 @@ pub struct StructuredEvent {
     /// The idempotency key, as a herald event's id (1-255 visible ASCII characters).
     #[schema(min_length = 1, max_length = 255, pattern = "^[!-~]+$")]
     id: String,
-    /// Kept, and sent to CloudEvents receivers.
-    #[schema(min_length = 1)]
+    /// Kept, and sent to CloudEvents receivers: 1-1024 visible ASCII characters.
+    #[schema(min_length = 1, max_length = 1024, pattern = "^[!-~]+$")]
     source: String,
     /// The event's type, as a herald event's.
     #[serde(rename = "type")]
