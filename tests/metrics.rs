@@ -340,3 +340,97 @@ async fn idle_subscriptions_are_not_claimed_for_at_start() {
         claims(&samples)
     );
 }
+
+/// `POST .../events/batch`: a thousand events are one store commit (`publish_batch` timed
+/// once, no `publish`), every accepted event arrives once, and each event has its own
+/// result: an id published before answers its first publish, and an invalid event and one
+/// past the namespace's stored-bytes limit are refused alone while the rest go on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_of_a_thousand_is_one_commit_and_every_event_arrives() {
+    let receiver = Receiver::start().await;
+    let herald = Herald::start(
+        &[
+            secret(NS),
+            subscription(NS, "ok", &receiver.url("/ok"), &["ok"], json!({})),
+        ],
+        &[
+            "--egress-allow",
+            "127.0.0.0/8",
+            "--metrics-listen",
+            "127.0.0.1:0",
+            // A small event stores under 1 KB: 997 of them fit, one of 1,000,000 bytes not.
+            "--namespace-max-stored-bytes",
+            "1500000",
+        ],
+    );
+    herald.publish(NS, json!({"id": "b-0", "type": "ok"})).await;
+    let before = scrape(&herald).await;
+
+    let mut events = vec![json!({"id": "b-0", "type": "ok"})];
+    events
+        .extend((1..=997).map(|n| json!({"id": format!("b-{n}"), "type": "ok", "data": {"n": n}})));
+    events.push(json!({"type": "not a type!"}));
+    events.push(json!({"type": "ok", "data": "x".repeat(1_000_000)}));
+    let (status, body) = herald
+        .post(
+            &format!("/v1/namespaces/{NS}/events/batch"),
+            json!({"events": events}),
+        )
+        .await;
+    assert_eq!(status, 200, "{body}");
+    let results = body["results"].as_array().expect("results");
+    assert_eq!(results.len(), 1000);
+    assert_eq!(
+        results[0],
+        json!({"id": "b-0", "matched": 1, "duplicate": true})
+    );
+    for (n, result) in results.iter().enumerate().take(998).skip(1) {
+        assert_eq!(
+            *result,
+            json!({"id": format!("b-{n}"), "matched": 1, "duplicate": false})
+        );
+    }
+    assert_eq!(results[998]["status"], 400, "{}", results[998]);
+    assert_eq!(results[998]["error"]["code"], "invalid_type");
+    assert_eq!(results[999]["status"], 429, "{}", results[999]);
+    assert_eq!(results[999]["error"]["code"], "quota_exceeded");
+
+    let hits = receiver
+        .wait_until("998 events", Duration::from_secs(120), |h| h.len() >= 998)
+        .await;
+    let mut ids: Vec<String> = hits
+        .iter()
+        .map(|h| {
+            serde_json::from_slice::<Value>(&h.body).unwrap()["id"]
+                .as_str()
+                .unwrap()
+                .to_string()
+        })
+        .collect();
+    ids.sort();
+    ids.dedup();
+    assert_eq!(ids.len(), 998, "each of b-0..b-997 once");
+    assert!(hits.iter().all(|h| h.verified));
+
+    let after = scrape(&herald).await;
+    let count = |samples: &Samples, operation: &str| {
+        value(
+            samples,
+            "herald_store_operation_duration_seconds_count",
+            &[("operation", operation)],
+        )
+    };
+    assert_eq!(
+        count(&after, "publish_batch") - count(&before, "publish_batch"),
+        1.0
+    );
+    assert_eq!(count(&after, "publish") - count(&before, "publish"), 0.0);
+    let published = |samples: &Samples| {
+        value(
+            samples,
+            "herald_events_published_total",
+            &[("namespace", NS)],
+        )
+    };
+    assert_eq!(published(&after) - published(&before), 997.0);
+}

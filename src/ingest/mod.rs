@@ -23,7 +23,7 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 use utoipa::IntoParams;
 
-use crate::delivery::engine::{Engine, EngineError, Origin};
+use crate::delivery::engine::{BatchEvent, Engine, EngineError, Origin};
 use crate::store::{StateFilter, SubscriptionState};
 use auth::{AccessRequest, AuthError, Authorizer, Verb};
 
@@ -187,6 +187,10 @@ pub fn router(api: Api) -> Router {
     Router::new()
         .route("/openapi.json", get(openapi::serve))
         .route("/v1/namespaces/{namespace}/events", post(publish))
+        .route(
+            "/v1/namespaces/{namespace}/events/batch",
+            post(publish_batch),
+        )
         .route("/v1/namespaces/{namespace}/attempts", get(search_attempts))
         .route(
             "/v1/namespaces/{namespace}/subscriptions/{name}",
@@ -510,6 +514,140 @@ async fn publish(
         }),
     )
         .into_response())
+}
+
+/// Most events one batch publishes.
+pub const MAX_BATCH: usize = 1000;
+
+/// `POST .../events/batch`: up to [`MAX_BATCH`] events.
+#[derive(Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+struct BatchRequest {
+    /// Each an event as `POST .../events` takes it (a `PublishRequest`; herald's body, not
+    /// a CloudEvent). One that is not is refused alone, in its result, as the others go on.
+    #[schema(
+        value_type = Vec<serde_json::Value>,
+        min_items = 1,
+        max_items = 1000,
+        example = json!([{"id": "evt-2", "type": "order.created", "data": {"order": 43}}])
+    )]
+    events: Vec<Box<RawValue>>,
+}
+
+/// Publishes up to 1,000 events in one store transaction, answered together once it
+/// commits, with a result per event in the request's order: accepted (or a repeated id's
+/// first answer), or refused on its own (an invalid event, a quota it would pass) while
+/// the others go on.
+#[utoipa::path(
+    post,
+    path = "/v1/namespaces/{namespace}/events/batch",
+    operation_id = "publishBatch",
+    tag = "events",
+    params(InNamespace),
+    request_body(content = BatchRequest, content_type = "application/json"),
+    responses(
+        (status = 200, description = "A result per event", body = openapi::BatchPublished),
+        openapi::Refusals,
+        openapi::BodyRefusals,
+    ),
+)]
+async fn publish_batch(
+    State(api): State<Api>,
+    Path(InNamespace { namespace }): Path<InNamespace>,
+    peer: Peer,
+    headers: HeaderMap,
+    body: Body,
+) -> ApiResult<Json<openapi::BatchPublished>> {
+    authorize(&api, Verb::Publish, &namespace, None, &headers, peer).await?;
+    let limit = api.max_body.saturating_mul(8);
+    let bytes = axum::body::to_bytes(body, limit).await.map_err(|e| {
+        body_error(
+            e,
+            ApiError::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "body_too_large",
+                format!("a batch is at most {limit} bytes"),
+            ),
+        )
+    })?;
+    let request: BatchRequest = serde_json::from_slice(&bytes).map_err(|e| {
+        bad_request(
+            "invalid_batch",
+            format!("the body must be {{\"events\": [event, ...]}}: {e}"),
+        )
+    })?;
+    if request.events.is_empty() || request.events.len() > MAX_BATCH {
+        return Err(bad_request(
+            "invalid_batch",
+            format!(
+                "a batch has 1 to {MAX_BATCH} events, not {}",
+                request.events.len()
+            ),
+        ));
+    }
+    // Each event decoded on its own: one that is not valid is refused alone.
+    let decoded: Vec<Result<PublishRequest, ApiError>> = request
+        .events
+        .iter()
+        .map(|raw| {
+            if raw.get().len() > api.max_body {
+                return Err(ApiError::new(
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    "body_too_large",
+                    format!("the event is larger than {} bytes", api.max_body),
+                ));
+            }
+            decode_event(raw.get().as_bytes())
+        })
+        .collect();
+    let null = RawValue::NULL;
+    let events: Vec<BatchEvent> = decoded
+        .iter()
+        .filter_map(|d| d.as_ref().ok())
+        .map(|event| BatchEvent {
+            id: event.id.clone(),
+            event_type: &event.kind,
+            origin: Origin::default(),
+            data: event.data.as_deref().unwrap_or(null),
+        })
+        .collect();
+    let mut published = api
+        .engine
+        .publish_batch(&namespace, events)
+        .await?
+        .into_iter();
+    let results = decoded
+        .into_iter()
+        .map(|d| {
+            let answer = d.and_then(|_| {
+                published
+                    .next()
+                    .map(|r| r.map_err(ApiError::from))
+                    .unwrap_or_else(|| {
+                        Err(ApiError::new(
+                            StatusCode::INTERNAL_SERVER_ERROR,
+                            "internal",
+                            "the batch answered fewer events than it was given",
+                        ))
+                    })
+            });
+            match answer {
+                Ok(result) => openapi::BatchResult::Accepted {
+                    id: result.event_id,
+                    matched: result.matched,
+                    duplicate: result.duplicate,
+                },
+                Err(e) => openapi::BatchResult::Refused {
+                    status: e.status.as_u16(),
+                    error: openapi::ErrorDetail {
+                        code: e.code.to_string(),
+                        message: e.message,
+                    },
+                },
+            }
+        })
+        .collect();
+    Ok(Json(openapi::BatchPublished { results }))
 }
 
 #[derive(Deserialize, IntoParams)]

@@ -79,6 +79,26 @@ pub struct Published {
     pub matched: u32,
 }
 
+/// `POST .../events/batch` (200): a result per event, in the request's order.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct BatchPublished {
+    pub results: Vec<BatchResult>,
+}
+
+/// One event's result in a batch.
+#[derive(Debug, Serialize, ToSchema)]
+#[serde(untagged)]
+pub enum BatchResult {
+    /// Stored (or, `duplicate`, a repeated id: the first publish's figures).
+    Accepted {
+        id: String,
+        matched: u32,
+        duplicate: bool,
+    },
+    /// Refused on its own: the status and error `POST .../events` would have answered.
+    Refused { status: u16, error: ErrorDetail },
+}
+
 /// A subscription's deliveries, newest event first.
 #[derive(Debug, Serialize, ToSchema)]
 pub struct Deliveries {
@@ -128,6 +148,7 @@ pub enum StateParam {
     ),
     paths(
         super::publish,
+        super::publish_batch,
         super::search_attempts,
         super::subscription_state,
         super::list_attempts,

@@ -548,6 +548,15 @@ pub trait Store: Send + Sync + 'static {
     /// already published in the namespace writes nothing and returns the first answer.
     async fn publish(&self, event: NewEvent, targets: Vec<String>) -> Result<PublishResult>;
 
+    /// Publishes several events in one transaction, each as [`Store::publish`] would (an id
+    /// published before, or earlier in the batch, writes nothing and answers the first
+    /// publish's figures): all of them committed, or on an error none. Answers in
+    /// `publishes`' order.
+    async fn publish_batch(
+        &self,
+        publishes: Vec<(NewEvent, Vec<String>)>,
+    ) -> Result<Vec<PublishResult>>;
+
     /// [`Store::publish`], and in the same transaction, for each `(uid, fence)` of `claims`
     /// that got a delivery now, the claim [`Store::claim_next`] (or with a fence
     /// [`Store::claim_fenced`]) would make at the event's publish time. The engine asks this

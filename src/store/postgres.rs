@@ -517,6 +517,34 @@ impl Store for PostgresStore {
         Ok(self.publish_and_claim(event, targets, Vec::new()).await?.0)
     }
 
+    /// One transaction of the batch's own (not joined with other publishes). An event whose
+    /// id existed, or came earlier in the batch, was not written by it: each is then
+    /// published again on its own, which answers it as a repeat.
+    async fn publish_batch(
+        &self,
+        publishes: Vec<(NewEvent, Vec<String>)>,
+    ) -> Result<Vec<PublishResult>> {
+        let publishes = publishes
+            .into_iter()
+            .map(|(event, targets)| {
+                let mut seen = HashSet::new();
+                let targets = targets.into_iter().filter(|t| seen.insert(t.clone()));
+                (event, targets.collect())
+            })
+            .collect();
+        let written = group_commit::publish_batch(&self.synced, publishes).await?;
+        let mut results = Vec::with_capacity(written.len());
+        for result in written {
+            results.push(match result {
+                group_commit::Batched::Written(result) => result,
+                group_commit::Batched::Again(event, targets) => {
+                    self.publishes.publish(event, targets, Vec::new()).await?.0
+                }
+            });
+        }
+        Ok(results)
+    }
+
     /// The claims are made in the publish's own statement, as its deliveries are written
     /// (see [`group_commit`]'s `PUBLISH`).
     async fn publish_and_claim(

@@ -584,6 +584,20 @@ impl Store for SqliteStore {
         .await
     }
 
+    async fn publish_batch(
+        &self,
+        publishes: Vec<(NewEvent, Vec<String>)>,
+    ) -> Result<Vec<PublishResult>> {
+        // One savepoint: all of them, or on an error none.
+        self.run(Durability::Synced, move |conn| {
+            publishes
+                .into_iter()
+                .map(|(event, targets)| publish(conn, event, targets))
+                .collect()
+        })
+        .await
+    }
+
     async fn publish_and_claim(
         &self,
         event: NewEvent,

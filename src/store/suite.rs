@@ -73,6 +73,7 @@ async fn publish_to(store: &dyn Store, uid: &str, prefix: &str, count: usize, at
 
 pub async fn run(store: &dyn Store) {
     publish_is_atomic_idempotent_and_fenced(store).await;
+    a_batch_publishes_each_as_a_publish_would(store).await;
     claims_follow_publish_order_and_due_time(store).await;
     removal_purges_and_fences_forever(store).await;
     completion_counts_and_auto_disables(store).await;
@@ -140,6 +141,61 @@ async fn publish_is_atomic_idempotent_and_fenced(store: &dyn Store) {
     );
     store.remove_subscription("p1").await.unwrap();
     store.remove_subscription("p2").await.unwrap();
+}
+
+async fn a_batch_publishes_each_as_a_publish_would(store: &dyn Store) {
+    store.upsert_subscription(sub("b1")).await.unwrap();
+    store.upsert_subscription(sub("b2")).await.unwrap();
+    store
+        .publish(event("evt-b-before", 1000), vec!["b1".into()])
+        .await
+        .unwrap();
+    let batch = vec![
+        (event("evt-b-1", 2000), vec!["b1".into(), "b2".into()]),
+        // Published before the batch: its first answer, nothing written.
+        (event("evt-b-before", 2000), vec!["b1".into(), "b2".into()]),
+        // An unknown target gets no delivery.
+        (event("evt-b-2", 2000), vec!["b2".into(), "unknown".into()]),
+        // Earlier in this batch: the first one's answer.
+        (event("evt-b-1", 2000), vec!["b2".into()]),
+    ];
+    let results = store.publish_batch(batch).await.unwrap();
+    let figures: Vec<(&str, u32, bool, Vec<String>)> = results
+        .iter()
+        .map(|r| {
+            (
+                r.event_id.as_str(),
+                r.matched,
+                r.duplicate,
+                r.targets.clone(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        figures,
+        [
+            ("evt-b-1", 2, false, vec!["b1".into(), "b2".into()]),
+            ("evt-b-before", 1, true, vec![]),
+            ("evt-b-2", 1, false, vec!["b2".into()]),
+            ("evt-b-1", 2, true, vec![]),
+        ]
+    );
+    let pending = |uid: &'static str| async move {
+        let mut ids: Vec<String> = store
+            .list_deliveries(uid, StateFilter::Pending, 10)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|d| d.event_id)
+            .collect();
+        ids.sort();
+        ids
+    };
+    assert_eq!(pending("b1").await, ["evt-b-1", "evt-b-before"]);
+    assert_eq!(pending("b2").await, ["evt-b-1", "evt-b-2"]);
+    for uid in ["b1", "b2"] {
+        store.remove_subscription(uid).await.unwrap();
+    }
 }
 
 async fn claims_follow_publish_order_and_due_time(store: &dyn Store) {

@@ -126,6 +126,13 @@ impl Store for FaultyStore {
         self.up()?;
         self.inner.publish(e, t).await
     }
+    async fn publish_batch(
+        &self,
+        publishes: Vec<(NewEvent, Vec<String>)>,
+    ) -> Result<Vec<PublishResult>> {
+        self.up()?;
+        self.inner.publish_batch(publishes).await
+    }
     async fn publish_and_claim(
         &self,
         e: NewEvent,

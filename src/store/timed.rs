@@ -39,6 +39,12 @@ impl<S: Store> Store for Timed<S> {
     async fn publish(&self, event: NewEvent, targets: Vec<String>) -> Result<PublishResult> {
         timed("publish", self.0.publish(event, targets)).await
     }
+    async fn publish_batch(
+        &self,
+        publishes: Vec<(NewEvent, Vec<String>)>,
+    ) -> Result<Vec<PublishResult>> {
+        timed("publish_batch", self.0.publish_batch(publishes)).await
+    }
     async fn publish_and_claim(
         &self,
         event: NewEvent,

@@ -43,7 +43,7 @@ use super::scheduler::Scheduler;
 use super::shards::Ownership;
 use crate::store::{self, Store, SubscriptionRecord, SubscriptionState};
 
-pub use publish::Origin;
+pub use publish::{BatchEvent, Origin};
 pub use reads::{READ_ROWS_BURST, READ_ROWS_PER_SECOND, READS_PER_NAMESPACE, STATE_TTL};
 
 /// Engine-wide limits; every default is in `herald run --help`.

@@ -30,35 +30,86 @@ pub struct Origin<'a> {
     pub trace: Option<trace::Parent>,
 }
 
+/// One event of a batch (see [`Engine::publish_batch`]).
+#[derive(Clone, Debug)]
+pub struct BatchEvent<'a> {
+    pub id: Option<String>,
+    pub event_type: &'a str,
+    pub origin: Origin<'a>,
+    pub data: &'a RawValue,
+}
+
+/// A namespace's turn at the door (fair admission), left on drop.
+struct Admitted<'a>(&'a Engine, &'a str);
+
+impl Drop for Admitted<'_> {
+    fn drop(&mut self) {
+        self.0.lock().admission.leave(self.1);
+    }
+}
+
+/// An event made ready to store: its id, whether the producer gave it, and the body every
+/// attempt sends.
+struct Prepared {
+    event: NewEvent,
+    given: bool,
+}
+
+/// Pending attempts and stored bytes counted for publishes before the store has them;
+/// whatever the store did not write (a duplicate id, a subscription removed meanwhile, a
+/// failed write, a cancelled request) is given back on drop.
+struct Reservation<'a> {
+    engine: &'a Engine,
+    namespace: &'a str,
+    count: u64,
+    bytes: u64,
+}
+
+impl Reservation<'_> {
+    /// What the store wrote for one publish (`body_bytes` its body) stays counted.
+    fn written(&mut self, body_bytes: u64, result: &PublishResult) {
+        self.count -= (result.targets.len() as u64).min(self.count);
+        if !result.duplicate {
+            let written = store::stored_cost(body_bytes, result.targets.len() as u64);
+            self.bytes -= written.min(self.bytes);
+        }
+    }
+}
+
+impl Drop for Reservation<'_> {
+    fn drop(&mut self) {
+        if self.count > 0 || self.bytes > 0 {
+            let mut inner = self.engine.lock();
+            inner.pending_sub(self.namespace, self.count);
+            if let Some(stored) = inner.stored.get_mut(self.namespace) {
+                *stored = stored.saturating_sub(self.bytes);
+            }
+        }
+    }
+}
+
 impl Engine {
-    /// Accepts an event: stored with one pending delivery per matching subscription before
-    /// this returns. A repeated `id` returns the first answer and delivers nothing again.
-    pub async fn publish(
-        self: &Arc<Self>,
+    /// Fair admission: a flood from one namespace waits at the door, not in the store's
+    /// queue ahead of everyone else.
+    fn admit<'a>(&'a self, namespace: &'a str) -> Result<Admitted<'a>, EngineError> {
+        let mut inner = self.lock();
+        if !inner.admission.enter(namespace) {
+            return Err(EngineError::Busy {
+                namespace: namespace.to_string(),
+                limit: inner.admission.limit(),
+            });
+        }
+        Ok(Admitted(self, namespace))
+    }
+
+    /// The event as stored: its id (the producer's, or a new one) and its envelope.
+    fn prepare(
         namespace: &str,
         id: Option<String>,
         event_type: &str,
         origin: &Origin<'_>,
         data: &RawValue,
-    ) -> Result<PublishResult, EngineError> {
-        // Fair admission first: a flood from one namespace waits at the door, not in the
-        // store's queue ahead of everyone else.
-        struct Admitted<'a>(&'a Engine, &'a str);
-        impl Drop for Admitted<'_> {
-            fn drop(&mut self) {
-                self.0.lock().admission.leave(self.1);
-            }
-        }
-        let _admitted = {
-            let mut inner = self.lock();
-            if !inner.admission.enter(namespace) {
-                return Err(EngineError::Busy {
-                    namespace: namespace.to_string(),
-                    limit: inner.admission.limit(),
-                });
-            }
-            Admitted(self, namespace)
-        };
+    ) -> Result<Prepared, EngineError> {
         let given = id.is_some();
         let event_id = id.unwrap_or_else(|| format!("evt_{}", uuid::Uuid::now_v7().simple()));
         let published_ms = now_ms();
@@ -80,112 +131,239 @@ impl Engine {
             data,
         })
         .map_err(|e| store::Error::Backend(e.to_string()))?;
-        let body_bytes = body.len() as u64;
+        Ok(Prepared {
+            event: NewEvent {
+                namespace: namespace.to_string(),
+                event_id,
+                event_type: event_type.to_string(),
+                body,
+                published_ms,
+            },
+            given,
+        })
+    }
+
+    /// The quota checks for one event, and if it passes them, its pending attempts and
+    /// stored bytes added to `reservation`: one step under the lock, so concurrent
+    /// publishes cannot pass a limit together. Returns its targets and whether a
+    /// subscription of this engine lives in the namespace.
+    fn reserve(
+        &self,
+        inner: &mut super::Inner,
+        reservation: &mut Reservation<'_>,
+        event: &NewEvent,
+        free: Option<u64>,
+    ) -> Result<(Vec<String>, bool), EngineError> {
+        let namespace = event.namespace.as_str();
+        // A namespace no subscription of this engine lives in is not a metric label:
+        // anyone allowed to publish anywhere could grow the registry without bound.
+        let routed = inner
+            .by_namespace
+            .get(namespace)
+            .is_some_and(|s| !s.is_empty());
+        let targets: Vec<String> = inner
+            .by_namespace
+            .get(namespace)
+            .into_iter()
+            .flatten()
+            .filter(|uid| {
+                inner
+                    .subs
+                    .get(*uid)
+                    .is_some_and(|c| c.matches(&event.event_type))
+            })
+            .map(|uid| uid.to_string())
+            .collect();
+        let limit = inner
+            .pending_limits
+            .get(namespace)
+            .copied()
+            .unwrap_or(self.config.namespace_max_pending);
+        let pending = inner.pending.get(namespace).copied().unwrap_or(0);
+        let more = targets.len() as u64;
+        let bytes = store::stored_cost(event.body.len() as u64, more);
+        let stored = inner.stored.get(namespace).copied().unwrap_or(0);
+        let stored_limit = inner
+            .stored_limits
+            .get(namespace)
+            .copied()
+            .unwrap_or(self.config.namespace_max_stored_bytes);
+        let reserve = self.config.store_reserve_bytes;
+        if pending + more > limit {
+            Err(EngineError::QuotaExceeded {
+                namespace: namespace.to_string(),
+                pending,
+                more,
+                limit,
+            })
+        } else if stored + bytes > stored_limit {
+            Err(EngineError::StoredBytesExceeded {
+                namespace: namespace.to_string(),
+                stored,
+                more: bytes,
+                limit: stored_limit,
+            })
+        } else if let Some(free) = free
+            && free
+                < reserve
+                    .saturating_add(bytes)
+                    .saturating_add(reservation.bytes)
+        {
+            Err(EngineError::StoreReserve { free, reserve })
+        } else {
+            if more > 0 {
+                *inner.pending.entry(namespace.to_string()).or_default() += more;
+            }
+            *inner.stored.entry(namespace.to_string()).or_default() += bytes;
+            reservation.count += more;
+            reservation.bytes += bytes;
+            Ok((targets, routed))
+        }
+    }
+
+    /// What follows a store's answer to a publish: the metric, and the lanes it gave work
+    /// woken (except those `started` with it, woken by their attempt's end).
+    fn after_publish(
+        &self,
+        namespace: &str,
+        routed: bool,
+        result: &PublishResult,
+        started: &[Arc<str>],
+    ) {
+        if !result.duplicate {
+            let label = if routed {
+                namespace
+            } else {
+                UNROUTED_NAMESPACE
+            };
+            crate::metrics::get()
+                .published
+                .with_label_values(&[label])
+                .inc();
+        }
+        if !result.targets.is_empty() {
+            let mut inner = self.lock();
+            for uid in &result.targets {
+                inner.states.remove(uid.as_str());
+                if !started.iter().any(|s| **s == **uid) {
+                    self.wake_for_work(&mut inner, uid);
+                }
+            }
+            drop(inner);
+            self.wakeup.notify_one();
+            if self.notices.receiver_count() > 0 {
+                let _ = self.notices.send(Notice::Published {
+                    namespace: namespace.to_string(),
+                    subscriptions: result.targets.clone(),
+                });
+            }
+        }
+    }
+
+    /// Accepts up to a batch of events in one store transaction: each as [`Engine::publish`]
+    /// would, answered together once that commits. Each event meets the quotas in turn: one
+    /// that would pass a limit is refused (its answer that error) and the rest go on. The
+    /// whole batch is refused only at the door (the namespace busy) or when the store fails,
+    /// and then nothing of it was written.
+    pub async fn publish_batch(
+        self: &Arc<Self>,
+        namespace: &str,
+        events: Vec<BatchEvent<'_>>,
+    ) -> Result<Vec<Result<PublishResult, EngineError>>, EngineError> {
+        let _admitted = self.admit(namespace)?;
+        let free = self.store.free_bytes();
+        let mut reservation = Reservation {
+            engine: self,
+            namespace,
+            count: 0,
+            bytes: 0,
+        };
+        let mut answers: Vec<Option<Result<PublishResult, EngineError>>> = Vec::new();
+        // Per event accepted: its place in the answers, whether it is routed, its body's size.
+        let mut accepted: Vec<(usize, bool, u64)> = Vec::new();
+        let mut writes = Vec::new();
+        let mut refused_ids = Vec::new();
+        for (n, item) in events.into_iter().enumerate() {
+            let prepared =
+                Self::prepare(namespace, item.id, item.event_type, &item.origin, item.data)?;
+            let reserved = {
+                let mut inner = self.lock();
+                self.reserve(&mut inner, &mut reservation, &prepared.event, free)
+            };
+            match reserved {
+                Ok((targets, routed)) => {
+                    accepted.push((n, routed, prepared.event.body.len() as u64));
+                    writes.push((prepared.event, targets));
+                    answers.push(None);
+                }
+                Err(refusal) => {
+                    if prepared.given {
+                        refused_ids.push((n, prepared.event.event_id));
+                    }
+                    answers.push(Some(Err(refusal)));
+                }
+            }
+        }
+        // A producer retrying an accepted event gets its first answer, as from a publish.
+        for (n, event_id) in refused_ids {
+            if let Some(first) = self.store.published(namespace, &event_id).await? {
+                answers[n] = Some(Ok(first));
+            }
+        }
+        if !writes.is_empty() {
+            let results = self.store.publish_batch(writes).await?;
+            for ((n, routed, body_bytes), result) in accepted.into_iter().zip(results) {
+                reservation.written(body_bytes, &result);
+                self.after_publish(namespace, routed, &result, &[]);
+                answers[n] = Some(Ok(result));
+            }
+        }
+        drop(reservation);
+        Ok(answers
+            .into_iter()
+            .map(|a| a.unwrap_or_else(|| Err(store::Error::Backend("no answer".into()).into())))
+            .collect())
+    }
+
+    /// Accepts an event: stored with one pending delivery per matching subscription before
+    /// this returns. A repeated `id` returns the first answer and delivers nothing again.
+    pub async fn publish(
+        self: &Arc<Self>,
+        namespace: &str,
+        id: Option<String>,
+        event_type: &str,
+        origin: &Origin<'_>,
+        data: &RawValue,
+    ) -> Result<PublishResult, EngineError> {
+        let _admitted = self.admit(namespace)?;
+        let Prepared { event, given } = Self::prepare(namespace, id, event_type, origin, data)?;
+        let body_bytes = event.body.len() as u64;
         // Looked at before the lock: at most one statvfs per 250 ms, never under it.
         let free = self.store.free_bytes();
-        /// Pending attempts and stored bytes counted for a publish before the store has them;
-        /// whatever the store did not write (a duplicate id, a subscription removed
-        /// meanwhile, a failed write, a cancelled request) is given back on drop.
-        struct Reservation<'a> {
-            engine: &'a Engine,
-            namespace: &'a str,
-            count: u64,
-            bytes: u64,
-        }
-        impl Drop for Reservation<'_> {
-            fn drop(&mut self) {
-                if self.count > 0 || self.bytes > 0 {
-                    let mut inner = self.engine.lock();
-                    inner.pending_sub(self.namespace, self.count);
-                    if let Some(stored) = inner.stored.get_mut(self.namespace) {
-                        *stored = stored.saturating_sub(self.bytes);
-                    }
-                }
-            }
-        }
-        // The quota checks and the reservation are one step under the lock, so concurrent
-        // publishes cannot pass a limit together.
+        let mut reservation = Reservation {
+            engine: self,
+            namespace,
+            count: 0,
+            bytes: 0,
+        };
         let admitted = {
             let mut inner = self.lock();
-            // A namespace no subscription of this engine lives in is not a metric label:
-            // anyone allowed to publish anywhere could grow the registry without bound.
-            let routed = inner
-                .by_namespace
-                .get(namespace)
-                .is_some_and(|s| !s.is_empty());
-            let targets: Vec<String> = inner
-                .by_namespace
-                .get(namespace)
-                .into_iter()
-                .flatten()
-                .filter(|uid| inner.subs.get(*uid).is_some_and(|c| c.matches(event_type)))
-                .map(|uid| uid.to_string())
-                .collect();
-            let limit = inner
-                .pending_limits
-                .get(namespace)
-                .copied()
-                .unwrap_or(self.config.namespace_max_pending);
-            let pending = inner.pending.get(namespace).copied().unwrap_or(0);
-            let more = targets.len() as u64;
-            let bytes = store::stored_cost(body_bytes, more);
-            let stored = inner.stored.get(namespace).copied().unwrap_or(0);
-            let stored_limit = inner
-                .stored_limits
-                .get(namespace)
-                .copied()
-                .unwrap_or(self.config.namespace_max_stored_bytes);
-            let reserve = self.config.store_reserve_bytes;
-            if pending + more > limit {
-                Err(EngineError::QuotaExceeded {
-                    namespace: namespace.to_string(),
-                    pending,
-                    more,
-                    limit,
-                })
-            } else if stored + bytes > stored_limit {
-                Err(EngineError::StoredBytesExceeded {
-                    namespace: namespace.to_string(),
-                    stored,
-                    more: bytes,
-                    limit: stored_limit,
-                })
-            } else if let Some(free) = free
-                && free < reserve.saturating_add(bytes)
-            {
-                Err(EngineError::StoreReserve { free, reserve })
-            } else {
-                if more > 0 {
-                    *inner.pending.entry(namespace.to_string()).or_default() += more;
-                }
-                *inner.stored.entry(namespace.to_string()).or_default() += bytes;
-                let reservation = Reservation {
-                    engine: self,
-                    namespace,
-                    count: more,
-                    bytes,
-                };
-                Ok((targets, reservation, routed))
-            }
+            self.reserve(&mut inner, &mut reservation, &event, free)
         };
-        let (targets, mut reservation, routed) = match admitted {
+        let (targets, routed) = match admitted {
             Ok(admitted) => admitted,
             Err(refusal) => {
                 // A producer retrying an accepted event gets its first answer: the id is
                 // looked up before the quota refuses.
-                if given && let Some(first) = self.store.published(namespace, &event_id).await? {
+                if given
+                    && let Some(first) = self.store.published(namespace, &event.event_id).await?
+                {
                     return Ok(first);
                 }
                 return Err(refusal);
             }
         };
-        let event = NewEvent {
-            namespace: namespace.to_string(),
-            event_id,
-            event_type: event_type.to_string(),
-            body,
-            published_ms,
-        };
+        let published_ms = event.published_ms;
         // Idle lanes start with the publish, which claims their delivery. Nothing between
         // taking their slots and the task that gives back what is not claimed can fail.
         let started: Vec<(Slot, Fence)> =
@@ -232,41 +410,9 @@ impl Engine {
                 .map_err(|e| store::Error::Backend(format!("the publish stopped: {e}")))??
         };
         // What the store wrote stays counted; the rest is released when `reservation` drops.
-        reservation.count -= (result.targets.len() as u64).min(reservation.count);
-        if !result.duplicate {
-            let written = store::stored_cost(body_bytes, result.targets.len() as u64);
-            reservation.bytes -= written.min(reservation.bytes);
-        }
+        reservation.written(body_bytes, &result);
         drop(reservation);
-        if !result.duplicate {
-            let label = if routed {
-                namespace
-            } else {
-                UNROUTED_NAMESPACE
-            };
-            crate::metrics::get()
-                .published
-                .with_label_values(&[label])
-                .inc();
-        }
-        if !result.targets.is_empty() {
-            let mut inner = self.lock();
-            // A lane started with the publish is woken by its attempt's end.
-            for uid in &result.targets {
-                inner.states.remove(uid.as_str());
-                if !started_uids.iter().any(|s| **s == **uid) {
-                    self.wake_for_work(&mut inner, uid);
-                }
-            }
-            drop(inner);
-            self.wakeup.notify_one();
-            if self.notices.receiver_count() > 0 {
-                let _ = self.notices.send(Notice::Published {
-                    namespace: namespace.to_string(),
-                    subscriptions: result.targets.clone(),
-                });
-            }
-        }
+        self.after_publish(namespace, routed, &result, &started_uids);
         Ok(result)
     }
 

@@ -308,6 +308,47 @@ async fn commit_and_answer(
     }
 }
 
+/// A publish of a batch: written, or to publish again on its own.
+pub(super) enum Batched {
+    Written(PublishResult),
+    Again(NewEvent, Vec<String>),
+}
+
+/// Writes `publishes` (each target once) in one transaction of their own, as a group commit
+/// writes its batch but waiting for row locks as a lone publish does: per publish its
+/// result, or, where its id existed or came earlier in the batch (nothing was written for
+/// it), the publish back, to be published again on its own, which answers it as a repeat.
+pub(super) async fn publish_batch(
+    pool: &PgPool,
+    publishes: Vec<(NewEvent, Vec<String>)>,
+) -> Result<Vec<Batched>> {
+    let items: Vec<Queued> = publishes
+        .into_iter()
+        .map(|(event, targets)| Queued {
+            event,
+            targets,
+            claims: Vec::new(),
+            // Answered by the return value instead.
+            answer: oneshot::channel().0,
+        })
+        .collect();
+    let refs: Vec<&Queued> = items.iter().collect();
+    let deadline = tokio::time::Instant::now() + OP_TIMEOUT;
+    let answers = match write_or_give_back(pool, &refs, false, deadline).await {
+        Ok(Ok(answers)) => answers,
+        Ok(Err(e)) => return Err(classify(e)),
+        Err(_) => return Err(timed_out()),
+    };
+    Ok(items
+        .into_iter()
+        .zip(answers)
+        .map(|(item, answer)| match answer {
+            Some((result, _)) => Batched::Written(result),
+            None => Batched::Again(item.event, item.targets),
+        })
+        .collect())
+}
+
 /// The server could not be reached, rather than answering with an error of its own.
 fn unreachable(e: &sqlx_core::Error) -> bool {
     !matches!(e, sqlx_core::Error::Database(_)) && is_unavailable(e)
