@@ -91,7 +91,8 @@ async fn schemathesis_finds_herald_true_to_its_document() {
         .args([
             "--checks",
             "not_a_server_error,status_code_conformance,content_type_conformance,\
-             response_headers_conformance,response_schema_conformance,negative_data_rejection",
+             response_headers_conformance,response_schema_conformance,negative_data_rejection,\
+             unsupported_method,allow_header_conformance",
         ])
         .args(["--max-examples", "40", "--seed", "1", "--workers", "1"])
         .args(["--request-timeout", "10"])
