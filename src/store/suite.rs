@@ -180,19 +180,8 @@ async fn a_batch_publishes_each_as_a_publish_would(store: &dyn Store) {
             ("evt-b-1", 2, true, vec![]),
         ]
     );
-    let pending = |uid: &'static str| async move {
-        let mut ids: Vec<String> = store
-            .list_deliveries(uid, StateFilter::Pending, 10)
-            .await
-            .unwrap()
-            .into_iter()
-            .map(|d| d.event_id)
-            .collect();
-        ids.sort();
-        ids
-    };
-    assert_eq!(pending("b1").await, ["evt-b-1", "evt-b-before"]);
-    assert_eq!(pending("b2").await, ["evt-b-1", "evt-b-2"]);
+    assert_eq!(pending_ids(store, "b1").await, ["evt-b-1", "evt-b-before"]);
+    assert_eq!(pending_ids(store, "b2").await, ["evt-b-1", "evt-b-2"]);
     for uid in ["b1", "b2"] {
         store.remove_subscription(uid).await.unwrap();
     }

@@ -65,7 +65,17 @@ struct Reservation<'a> {
     bytes: u64,
 }
 
-impl Reservation<'_> {
+impl<'a> Reservation<'a> {
+    /// Nothing reserved yet.
+    fn none(engine: &'a Engine, namespace: &'a str) -> Self {
+        Self {
+            engine,
+            namespace,
+            count: 0,
+            bytes: 0,
+        }
+    }
+
     /// What the store wrote for one publish (`body_bytes` its body) stays counted.
     fn written(&mut self, body_bytes: u64, result: &PublishResult) {
         self.count -= (result.targets.len() as u64).min(self.count);
@@ -272,12 +282,7 @@ impl Engine {
     ) -> Result<Vec<Result<PublishResult, EngineError>>, EngineError> {
         let _admitted = self.admit(namespace)?;
         let free = self.store.free_bytes();
-        let mut reservation = Reservation {
-            engine: self,
-            namespace,
-            count: 0,
-            bytes: 0,
-        };
+        let mut reservation = Reservation::none(self, namespace);
         let mut answers: Vec<Option<Result<PublishResult, EngineError>>> = Vec::new();
         // Per event accepted: its place in the answers, whether it is routed, its body's size.
         let mut accepted: Vec<(usize, bool, u64)> = Vec::new();
@@ -340,12 +345,7 @@ impl Engine {
         let body_bytes = event.body.len() as u64;
         // Looked at before the lock: at most one statvfs per 250 ms, never under it.
         let free = self.store.free_bytes();
-        let mut reservation = Reservation {
-            engine: self,
-            namespace,
-            count: 0,
-            bytes: 0,
-        };
+        let mut reservation = Reservation::none(self, namespace);
         let admitted = {
             let mut inner = self.lock();
             self.reserve(&mut inner, &mut reservation, &event, free)
