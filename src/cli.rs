@@ -253,6 +253,29 @@ pub struct RunArgs {
     /// certificate, or herald does not start.
     #[arg(long, env = "HERALD_TLS_KEY_FILE", requires = "tls_cert_file")]
     pub(crate) tls_key_file: Option<PathBuf>,
+    /// Serve the aggregated API (`delivery.herald.dev/v1alpha1`: publish with `kubectl
+    /// create` of a WebhookEvent) on this address, behind the API server's APIService.
+    /// Cluster mode only; needs --aggregated-tls-cert-file and --aggregated-tls-key-file.
+    /// Only the API server's front proxy may connect: a client certificate of the
+    /// request-header CA that the ConfigMap kube-system/extension-apiserver-authentication
+    /// names (re-read every minute).
+    #[arg(long, env = "HERALD_AGGREGATED_LISTEN", requires_all = ["aggregated_tls_cert_file", "aggregated_tls_key_file"])]
+    pub(crate) aggregated_listen: Option<SocketAddr>,
+    /// The aggregated API's serving certificate (PEM chain), whose CA the APIService's
+    /// caBundle holds; reloaded like --tls-cert-file.
+    #[arg(
+        long,
+        env = "HERALD_AGGREGATED_TLS_CERT_FILE",
+        requires = "aggregated_listen"
+    )]
+    pub(crate) aggregated_tls_cert_file: Option<PathBuf>,
+    /// The PEM private key of --aggregated-tls-cert-file.
+    #[arg(
+        long,
+        env = "HERALD_AGGREGATED_TLS_KEY_FILE",
+        requires = "aggregated_listen"
+    )]
+    pub(crate) aggregated_tls_key_file: Option<PathBuf>,
     /// The shared pool: attempts on the wire beyond each namespace's reserved floor, over
     /// all namespaces. Attempts on the wire are at most this plus
     /// --namespace-reserved-in-flight × namespaces with attempts on the wire.

@@ -3,6 +3,7 @@
 // No unsafe code, but for the one allowed by name: the allocator calls in standalone.rs.
 #![deny(unsafe_code)]
 
+pub mod aggregated;
 pub mod api;
 pub mod cli;
 pub mod commands;

@@ -439,13 +439,48 @@ async fn run_cluster(args: RunArgs) -> anyhow::Result<()> {
     let address = listener.local_addr()?;
     let url = ingest_url(address, tls.is_some());
     tracing::info!(%address, %url, health = %health_address, store = %args.store_description(), "herald is serving (cluster mode)");
+    let first = if tls.is_some() {
+        url
+    } else {
+        address.to_string()
+    };
+    // The ready file: the ingest API, the health port, and the aggregated API when served.
+    let mut ready_lines = vec![first, health_address.to_string()];
+    let aggregated = match args.aggregated_listen {
+        Some(address) => {
+            let listener = tokio::net::TcpListener::bind(address)
+                .await
+                .with_context(|| format!("--aggregated-listen {address}"))?;
+            let (Some(cert), Some(key)) = (
+                &args.aggregated_tls_cert_file,
+                &args.aggregated_tls_key_file,
+            ) else {
+                anyhow::bail!(
+                    "--aggregated-listen needs --aggregated-tls-cert-file and --aggregated-tls-key-file"
+                );
+            };
+            let tls = Arc::new(crate::tls::IngestTls::load_for(
+                "aggregated",
+                ["--aggregated-tls-cert-file", "--aggregated-tls-key-file"],
+                cert,
+                key,
+            )?);
+            tokio::spawn(tls.clone().watch(args.ingest_tls_reload_interval));
+            ready_lines.push(format!("https://{}", listener.local_addr()?));
+            Some(tokio::spawn(crate::aggregated::serve(
+                listener,
+                engine.clone(),
+                args.max_body_bytes,
+                client.clone(),
+                tls.resolver(),
+                args.ingest_limits(),
+                terminated(),
+            )))
+        }
+        None => None,
+    };
     if let Some(path) = &args.ready_file {
-        let first = if tls.is_some() {
-            url
-        } else {
-            address.to_string()
-        };
-        write_ready_file(path, &[first, health_address.to_string()])?;
+        write_ready_file(path, &ready_lines)?;
     }
     let app = ingest::router(ingest::Api {
         engine: engine.clone(),
@@ -463,6 +498,14 @@ async fn run_cluster(args: RunArgs) -> anyhow::Result<()> {
         }
     };
     ingest::listener::serve(listener, app, limits, tls, signalled).await?;
+    // Publishes in progress on the aggregated API finish before the engine drains.
+    if let Some(aggregated) = aggregated {
+        match aggregated.await {
+            Ok(Err(e)) => tracing::warn!(error = %e, "the aggregated API stopped with an error"),
+            Err(e) => tracing::warn!(error = %e, "the aggregated API's task failed"),
+            Ok(Ok(())) => {}
+        }
+    }
     stop(&engine, args.shutdown_timeout_seconds).await;
     if let Some(leases) = &leases {
         leases.release_all().await;
@@ -487,6 +530,11 @@ async fn stop(engine: &Engine, timeout_seconds: u64) {
 }
 
 async fn run_standalone(args: RunArgs, config_dir: PathBuf) -> anyhow::Result<()> {
+    if args.aggregated_listen.is_some() {
+        anyhow::bail!(
+            "--aggregated-listen serves behind a Kubernetes API server: it needs cluster mode, not --standalone"
+        );
+    }
     let tls = args.ingest_tls()?;
     let engine = args.engine().await?;
 

@@ -125,6 +125,8 @@ pub enum Reload {
 /// change. A pair that cannot be used (half written, a key that does not match) keeps the
 /// previous one in force.
 pub struct IngestTls {
+    /// The listener it serves, for logs: `ingest`, `aggregated`.
+    what: &'static str,
     cert_path: PathBuf,
     key_path: PathBuf,
     current: Arc<Current>,
@@ -144,18 +146,41 @@ impl std::fmt::Debug for IngestTls {
 impl IngestTls {
     /// Loads the pair; any problem is a start-up error naming the file.
     pub fn load(cert_path: &Path, key_path: &Path) -> anyhow::Result<Self> {
+        Self::load_for(
+            "ingest",
+            ["--tls-cert-file", "--tls-key-file"],
+            cert_path,
+            key_path,
+        )
+    }
+
+    /// Loads the pair of another listener: `what` names it and `flags` its two flags in
+    /// start-up errors.
+    pub fn load_for(
+        what: &'static str,
+        flags: [&str; 2],
+        cert_path: &Path,
+        key_path: &Path,
+    ) -> anyhow::Result<Self> {
         let cert_text = std::fs::read(cert_path)
-            .with_context(|| format!("reading --tls-cert-file {}", cert_path.display()))?;
+            .with_context(|| format!("reading {} {}", flags[0], cert_path.display()))?;
         let key_text = std::fs::read(key_path)
-            .with_context(|| format!("reading --tls-key-file {}", key_path.display()))?;
+            .with_context(|| format!("reading {} {}", flags[1], key_path.display()))?;
         let key = certified_key(cert_path, &cert_text, key_path, &key_text)
-            .map_err(|problem| anyhow::anyhow!("ingest TLS: {problem}"))?;
+            .map_err(|problem| anyhow::anyhow!("{what} TLS: {problem}"))?;
         Ok(Self {
+            what,
             cert_path: cert_path.to_path_buf(),
             key_path: key_path.to_path_buf(),
             current: Arc::new(Current(RwLock::new(Arc::new(key)))),
             seen: Mutex::new((cert_text, key_text)),
         })
+    }
+
+    /// What hands rustls the pair in force, for an acceptor built elsewhere (the
+    /// aggregated API's, which also verifies clients).
+    pub fn resolver(&self) -> Arc<dyn ResolvesServerCert> {
+        self.current.clone()
     }
 
     /// A TLS acceptor for the ingest listener that always uses the pair in force.
@@ -207,14 +232,16 @@ impl IngestTls {
                     tracing::info!(
                         cert = %self.cert_path.display(),
                         key = %self.key_path.display(),
-                        "ingest TLS certificate reloaded: new connections use it"
+                        "{} TLS certificate reloaded: new connections use it",
+                        self.what
                     );
                 }
                 Reload::Failed(problem) => {
                     if last_failure.as_ref() != Some(&problem) {
                         tracing::error!(
                             error = %problem,
-                            "ingest TLS certificate not reloaded: the previous one stays in force"
+                            "{} TLS certificate not reloaded: the previous one stays in force",
+                            self.what
                         );
                     }
                     last_failure = Some(problem);

@@ -109,6 +109,11 @@ fn with_body_deadline(request: Request, limit: Duration) -> Request {
     Request::from_parts(parts, Body::from_stream(timed))
 }
 
+/// The leaf certificate a TLS client authenticated with (verified by the acceptor's client
+/// verifier), as a request extension.
+#[derive(Clone, Debug)]
+pub struct ClientCertificate(pub Arc<rustls_pki_types::CertificateDer<'static>>);
+
 /// Serves `app` on `listener` with `limits` until `shutdown` resolves, then lets the
 /// requests in progress finish. With `tls`, every connection is a TLS one: its handshake
 /// holds a place under the connection bound and must finish within the header-read
@@ -123,13 +128,19 @@ pub async fn serve(
     let body_read = limits.body_read;
     // One service per connection, so every request carries its client's address (axum's
     // `ConnectInfo`): failed authentications are limited per address.
-    let service = move |peer: SocketAddr| {
+    // The client's TLS certificate, when it showed one, rides along too (the aggregated
+    // API reads the API server's front-proxy name from it).
+    let service = move |peer: SocketAddr, certificate: Option<ClientCertificate>| {
         let app = app.clone();
         hyper::service::service_fn(move |request: hyper::Request<hyper::body::Incoming>| {
             let app = app.clone();
+            let certificate = certificate.clone();
             async move {
                 let mut request = with_body_deadline(request.map(Body::new), body_read);
                 request.extensions_mut().insert(ConnectInfo(peer));
+                if let Some(certificate) = certificate {
+                    request.extensions_mut().insert(certificate);
+                }
                 let response: Response = tower_call(app, request).await;
                 Ok::<_, Infallible>(response)
             }
@@ -179,7 +190,7 @@ pub async fn serve(
         let _ = stream.set_nodelay(true);
         let Some(tls) = &tls else {
             let io = TokioIo::new(JsonParseErrors::new(stream));
-            let connection = http.serve_connection(io, service(peer));
+            let connection = http.serve_connection(io, service(peer, None));
             let connection = graceful.watch(connection);
             tokio::spawn(async move {
                 let _ = connection.await;
@@ -190,11 +201,18 @@ pub async fn serve(
         // The handshake runs in the connection's task, never in this loop, so a client that
         // stays silent holds only its own place, and only until the header-read timeout.
         let handshake = tls.accept(stream);
-        let (http, service, watcher) = (http.clone(), service(peer), graceful.watcher());
+        let (http, service, watcher) = (http.clone(), service.clone(), graceful.watcher());
         let handshake_timeout = limits.header_read;
         tokio::spawn(async move {
             match tokio::time::timeout(handshake_timeout, handshake).await {
                 Ok(Ok(stream)) => {
+                    let certificate = stream
+                        .get_ref()
+                        .1
+                        .peer_certificates()
+                        .and_then(|chain| chain.first())
+                        .map(|leaf| ClientCertificate(Arc::new(leaf.clone().into_owned())));
+                    let service = service(peer, certificate);
                     // Inside TLS: hyper's parse-error answers are rewritten before encryption.
                     let io = TokioIo::new(JsonParseErrors::new(stream));
                     let connection = http.serve_connection(io, service);

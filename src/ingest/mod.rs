@@ -53,7 +53,22 @@ impl ApiError {
         self.code
     }
 
-    fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
+    /// The HTTP status it is answered with.
+    pub fn status(&self) -> StatusCode {
+        self.status
+    }
+
+    /// The message for people.
+    pub fn message(&self) -> &str {
+        &self.message
+    }
+
+    /// Seconds the client should wait before trying again, when it is a busy refusal.
+    pub fn retry_after(&self) -> Option<u32> {
+        self.retry_after
+    }
+
+    pub(crate) fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
         Self {
             status,
             code,
@@ -363,8 +378,9 @@ pub fn decode_event(bytes: &[u8]) -> Result<PublishRequest, ApiError> {
     checked(request)
 }
 
-/// The rules every publish meets, however it was written (herald's body, a CloudEvent).
-fn checked(request: PublishRequest) -> Result<PublishRequest, ApiError> {
+/// The rules every publish meets, however it was written (herald's body, a CloudEvent, a
+/// WebhookEvent of the aggregated API).
+pub(crate) fn checked(request: PublishRequest) -> Result<PublishRequest, ApiError> {
     if request.kind.is_empty()
         || request.kind.len() > 253
         || !request
@@ -408,7 +424,7 @@ fn check_event_id(id: &str) -> ApiResult<()> {
 
 /// Why a body could not be read: over the limit (`too_large`), or not a well-formed HTTP
 /// body (a malformed chunk, a connection closed mid-body): 400 `invalid_body`.
-fn body_error(e: axum::Error, too_large: ApiError) -> ApiError {
+pub(crate) fn body_error(e: axum::Error, too_large: ApiError) -> ApiError {
     let over_limit = std::error::Error::source(&e)
         .is_some_and(|source| source.is::<http_body_util::LengthLimitError>());
     let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(&e);

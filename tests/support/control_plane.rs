@@ -62,6 +62,11 @@ impl ControlPlane {
         Some(plane)
     }
 
+    /// The control plane's folder: `pki/` (its CAs and keys), `logs/` (with `audit.log`).
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
     /// A kube-rs client with the admin credential.
     pub async fn client(&self) -> kube::Client {
         let kubeconfig = kube::config::Kubeconfig::read_from(&self.kubeconfig).unwrap();

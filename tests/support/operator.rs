@@ -20,6 +20,8 @@ pub struct Operator {
     pub base: String,
     /// /healthz and /readyz, http://127.0.0.1:PORT.
     pub health: String,
+    /// The aggregated API, https://ADDRESS:PORT, when started with --aggregated-listen.
+    pub aggregated: Option<String>,
     /// From the last spawn of the process to /readyz answering 200 (polled every 50 ms).
     pub started_in: Duration,
     http: reqwest::Client,
@@ -38,6 +40,7 @@ impl Operator {
             args: args.iter().map(|s| s.to_string()).collect(),
             base: String::new(),
             health: String::new(),
+            aggregated: None,
             started_in: Duration::ZERO,
             http: reqwest::Client::new(),
         };
@@ -66,6 +69,7 @@ impl Operator {
                 let mut lines = text.lines();
                 self.base = format!("http://{}", lines.next().unwrap());
                 self.health = format!("http://{}", lines.next().unwrap());
+                self.aggregated = lines.next().map(str::to_string);
                 break;
             }
             self.check_alive();

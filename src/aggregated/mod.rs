@@ -1,0 +1,228 @@
+//! The aggregated API: herald served behind the Kubernetes API server as the group
+//! `delivery.herald.dev/v1alpha1` (an `APIService`), so producers publish with their own
+//! kubeconfig (`kubectl create -f event.yaml`, any client-go program), authorized by the
+//! API server's RBAC and recorded in its audit log. A front like the ingest API: it knows
+//! the engine, never the store or the controller.
+//!
+//! - [`front_proxy`]: only the API server may call (its front-proxy client certificate),
+//!   and it names the caller.
+//! - [`discovery`]: the group, its version and resources, as `kubectl api-resources` reads
+//!   them.
+//! - [`webhookevents`]: `create` publishes.
+//!
+//! Errors are Kubernetes `Status` objects, so kubectl prints them as it prints its own.
+
+pub mod discovery;
+pub mod front_proxy;
+pub mod webhookevents;
+
+use std::sync::Arc;
+
+use axum::Router;
+use axum::extract::{Request, State};
+use axum::http::StatusCode;
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use serde_json::json;
+
+use crate::delivery::engine::Engine;
+use crate::ingest::ApiError;
+use crate::ingest::listener::ClientCertificate;
+use front_proxy::Trust;
+
+/// The API group and version herald serves.
+pub const GROUP: &str = "delivery.herald.dev";
+pub const VERSION: &str = "v1alpha1";
+pub const GROUP_VERSION: &str = "delivery.herald.dev/v1alpha1";
+
+#[derive(Clone)]
+pub struct Api {
+    pub engine: Arc<Engine>,
+    pub trust: Arc<Trust>,
+    /// Largest event data, as on the ingest API.
+    pub max_body: usize,
+}
+
+/// The routes of the group. Discovery answers any caller the TLS acceptor let in (the API
+/// server asks for it in the name of its own aggregator, and it holds nothing secret);
+/// resources need the user the front proxy names.
+pub fn router(api: Api) -> Router {
+    let resources = Router::new()
+        .route(
+            "/apis/delivery.herald.dev/v1alpha1/namespaces/{namespace}/webhookevents",
+            post(webhookevents::create),
+        )
+        .route_layer(axum::middleware::from_fn_with_state(
+            api.clone(),
+            require_user,
+        ));
+    Router::new()
+        .route("/apis", get(discovery::group_list))
+        .route("/apis/delivery.herald.dev", get(discovery::group))
+        .route(
+            "/apis/delivery.herald.dev/v1alpha1",
+            get(discovery::resources),
+        )
+        .merge(resources)
+        .fallback(not_found)
+        .with_state(api)
+}
+
+/// Lets through a request the front proxy made and named a user for; the user rides on as
+/// an extension.
+async fn require_user(State(api): State<Api>, mut request: Request, next: Next) -> Response {
+    let certificate = request
+        .extensions()
+        .get::<ClientCertificate>()
+        .map(|c| c.0.clone());
+    match api
+        .trust
+        .front_proxy()
+        .identity(certificate.as_deref(), request.headers())
+    {
+        Ok(identity) => {
+            request.extensions_mut().insert(identity);
+            next.run(request).await
+        }
+        Err(refusal) => status(
+            StatusCode::UNAUTHORIZED,
+            "Unauthorized",
+            &refusal.to_string(),
+            None,
+        ),
+    }
+}
+
+async fn not_found() -> Response {
+    status(
+        StatusCode::NOT_FOUND,
+        "NotFound",
+        "the server could not find the requested resource",
+        None,
+    )
+}
+
+/// A Kubernetes `Status` answer.
+pub(crate) fn status(
+    code: StatusCode,
+    reason: &str,
+    message: &str,
+    details: Option<serde_json::Value>,
+) -> Response {
+    let mut body = json!({
+        "kind": "Status",
+        "apiVersion": "v1",
+        "metadata": {},
+        "status": "Failure",
+        "message": message,
+        "reason": reason,
+        "code": code.as_u16(),
+    });
+    if let Some(details) = details {
+        body["details"] = details;
+    }
+    (code, axum::Json(body)).into_response()
+}
+
+/// The `Status` reason Kubernetes clients know for an HTTP status.
+fn reason(code: StatusCode) -> &'static str {
+    match code.as_u16() {
+        400 => "BadRequest",
+        401 => "Unauthorized",
+        403 => "Forbidden",
+        404 => "NotFound",
+        405 => "MethodNotAllowed",
+        408 => "Timeout",
+        409 => "Conflict",
+        413 => "RequestEntityTooLarge",
+        415 => "UnsupportedMediaType",
+        422 => "Invalid",
+        429 => "TooManyRequests",
+        503 => "ServiceUnavailable",
+        _ => "InternalError",
+    }
+}
+
+/// An ingest refusal as a `Status`: the same HTTP status, herald's stable code as the
+/// cause's reason, and `retryAfterSeconds` when the refusal is a busy one (client-go waits
+/// that long before it tries again).
+impl From<ApiError> for Refused {
+    fn from(e: ApiError) -> Self {
+        let mut details = json!({
+            "group": GROUP,
+            "causes": [{"reason": e.code(), "message": e.message()}],
+        });
+        if let Some(seconds) = e.retry_after() {
+            details["retryAfterSeconds"] = seconds.into();
+        }
+        let mut response = status(e.status(), reason(e.status()), e.message(), Some(details));
+        if let Some(seconds) = e.retry_after() {
+            response
+                .headers_mut()
+                .insert(axum::http::header::RETRY_AFTER, seconds.into());
+        }
+        Refused::new(response)
+    }
+}
+
+/// A refusal, already a `Status` answer (boxed: results carrying it stay small).
+pub struct Refused(Box<Response>);
+
+impl Refused {
+    pub fn new(response: Response) -> Self {
+        Self(Box::new(response))
+    }
+}
+
+impl IntoResponse for Refused {
+    fn into_response(self) -> Response {
+        *self.0
+    }
+}
+
+/// Serves the aggregated API on `listener` until `shutdown`, then lets the requests in
+/// progress finish. It first reads the API server's front-proxy settings, retrying until
+/// they are there and usable (connections wait in the backlog meanwhile, and the API
+/// server answers 503 for the group), and then follows their changes every minute.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    engine: Arc<Engine>,
+    max_body: usize,
+    client: kube::Client,
+    certificate: Arc<dyn rustls::server::ResolvesServerCert>,
+    limits: crate::ingest::listener::Limits,
+    shutdown: impl std::future::Future<Output = ()>,
+) -> std::io::Result<()> {
+    tokio::pin!(shutdown);
+    let mut delay = std::time::Duration::from_millis(500);
+    let (trust, acceptor) = loop {
+        let ready = front_proxy::FrontProxy::read(&client)
+            .await
+            .and_then(Trust::new)
+            .and_then(|trust| Ok((trust.clone(), trust.acceptor(certificate.clone())?)));
+        match ready {
+            Ok(ready) => break ready,
+            Err(e) => {
+                tracing::warn!(error = %format!("{e:#}"), "the aggregated API waits for the API server's front-proxy settings")
+            }
+        }
+        tokio::select! {
+            () = tokio::time::sleep(delay) => {}
+            () = &mut shutdown => return Ok(()),
+        }
+        delay = (delay * 2).min(std::time::Duration::from_secs(10));
+    };
+    tokio::spawn(front_proxy::follow(
+        trust.clone(),
+        client,
+        std::time::Duration::from_secs(60),
+    ));
+    tracing::info!(address = ?listener.local_addr().ok(), "the aggregated API ({GROUP_VERSION}) is serving");
+    let app = router(Api {
+        engine,
+        trust,
+        max_body,
+    });
+    crate::ingest::listener::serve(listener, app, limits, Some(acceptor), shutdown).await
+}

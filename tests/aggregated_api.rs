@@ -1,0 +1,470 @@
+//! The aggregated API (`delivery.herald.dev/v1alpha1`) behind a real kube-apiserver: herald
+//! in cluster mode as a process serving it on this host's address, an APIService whose
+//! Service points there (the API server routes to endpoints), users with client
+//! certificates of the cluster's CA, and `kubectl` as people run it. The API server
+//! authenticates, authorizes with RBAC and audits; herald trusts only its front proxy.
+
+mod support;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+use base64::Engine as _;
+use futures::StreamExt;
+use kube::api::{Api, DynamicObject, PostParams};
+use kube::core::{ApiResource, GroupVersionKind};
+use serde_json::{Value, json};
+use support::control_plane::ControlPlane;
+use support::herald::{secret, subscription};
+use support::operator::Operator;
+use support::receiver::{Receiver, SECRET};
+use support::tls::{Ca, Files};
+
+const SERVICE_NAMESPACE: &str = "herald-system";
+const SERVICE: &str = "herald-api";
+const APISERVICE: &str = "v1alpha1.delivery.herald.dev";
+
+/// This host's first global IPv4 address: the API server refuses loopback endpoints.
+fn host_address() -> String {
+    let out = Command::new("ip")
+        .args(["-4", "-o", "addr", "show", "scope", "global"])
+        .output()
+        .expect("running ip");
+    let text = String::from_utf8_lossy(&out.stdout);
+    text.split_whitespace()
+        .skip_while(|word| *word != "inet")
+        .nth(1)
+        .and_then(|cidr| cidr.split('/').next())
+        .map(str::to_string)
+        .unwrap_or_else(|| panic!("no global IPv4 address on this host (ip says {text:?}): the API server needs a non-loopback endpoint for the aggregated API"))
+}
+
+/// A client certificate of the cluster's CA for `user` in `groups`: (certificate, key).
+fn user_certificate(
+    cp: &ControlPlane,
+    dir: &Path,
+    user: &str,
+    groups: &[&str],
+) -> (PathBuf, PathBuf) {
+    let pki = cp.dir().join("pki");
+    let (key, csr, crt) = (
+        dir.join(format!("{user}.key")),
+        dir.join(format!("{user}.csr")),
+        dir.join(format!("{user}.crt")),
+    );
+    let subject: String =
+        groups.iter().map(|g| format!("/O={g}")).collect::<String>() + &format!("/CN={user}");
+    let openssl = |args: &[&str]| {
+        let out = Command::new("openssl")
+            .args(args)
+            .output()
+            .expect("running openssl");
+        assert!(
+            out.status.success(),
+            "openssl {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    openssl(&[
+        "genpkey",
+        "-algorithm",
+        "EC",
+        "-pkeyopt",
+        "ec_paramgen_curve:P-256",
+        "-out",
+        key.to_str().unwrap(),
+    ]);
+    openssl(&[
+        "req",
+        "-new",
+        "-key",
+        key.to_str().unwrap(),
+        "-subj",
+        &subject,
+        "-out",
+        csr.to_str().unwrap(),
+    ]);
+    openssl(&[
+        "x509",
+        "-req",
+        "-in",
+        csr.to_str().unwrap(),
+        "-CA",
+        pki.join("ca.crt").to_str().unwrap(),
+        "-CAkey",
+        pki.join("ca.key").to_str().unwrap(),
+        "-CAcreateserial",
+        "-days",
+        "1",
+        "-out",
+        crt.to_str().unwrap(),
+    ]);
+    (crt, key)
+}
+
+/// kubectl as a user: the control plane's kubeconfig with the user's certificate.
+fn kubectl_as(cp: &ControlPlane, user: &(PathBuf, PathBuf), args: &[&str], input: &str) -> Output {
+    let cert = format!("--client-certificate={}", user.0.display());
+    let key = format!("--client-key={}", user.1.display());
+    let mut all = vec![cert.as_str(), key.as_str()];
+    all.extend_from_slice(args);
+    cp.kubectl_stdin_output(&all, input)
+}
+
+fn event_yaml(name: &str, order: u32) -> String {
+    format!(
+        "apiVersion: delivery.herald.dev/v1alpha1\nkind: WebhookEvent\nmetadata:\n  name: {name}\n  namespace: shop\nspec:\n  type: order.created\n  data:\n    order: {order}\n"
+    )
+}
+
+/// The aggregated API's objects: a Service without selector whose endpoints are herald's
+/// address, and the APIService trusting herald's serving CA.
+fn api_service(address: &str, port: u16, ca_pem: &str) -> Vec<Value> {
+    vec![
+        json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": SERVICE_NAMESPACE}}),
+        json!({"apiVersion": "v1", "kind": "Service",
+               "metadata": {"name": SERVICE, "namespace": SERVICE_NAMESPACE},
+               "spec": {"ports": [{"port": 443, "targetPort": port, "protocol": "TCP"}]}}),
+        json!({"apiVersion": "v1", "kind": "Endpoints",
+               "metadata": {"name": SERVICE, "namespace": SERVICE_NAMESPACE},
+               "subsets": [{"addresses": [{"ip": address}], "ports": [{"port": port, "protocol": "TCP"}]}]}),
+        json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+               "metadata": {"name": SERVICE, "namespace": SERVICE_NAMESPACE,
+                            "labels": {"kubernetes.io/service-name": SERVICE}},
+               "addressType": "IPv4",
+               "endpoints": [{"addresses": [address], "conditions": {"ready": true}}],
+               "ports": [{"port": port, "protocol": "TCP"}]}),
+        json!({"apiVersion": "apiregistration.k8s.io/v1", "kind": "APIService",
+               "metadata": {"name": APISERVICE},
+               "spec": {"group": "delivery.herald.dev", "version": "v1alpha1",
+                        "service": {"namespace": SERVICE_NAMESPACE, "name": SERVICE, "port": 443},
+                        "caBundle": base64::engine::general_purpose::STANDARD.encode(ca_pem),
+                        "groupPriorityMinimum": 1000, "versionPriority": 15}}),
+    ]
+}
+
+fn publisher_role() -> Vec<Value> {
+    vec![
+        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+               "metadata": {"name": "publisher", "namespace": "shop"},
+               "rules": [{"apiGroups": ["delivery.herald.dev"], "resources": ["webhookevents"], "verbs": ["create"]},
+                         {"apiGroups": ["herald.dev"], "resources": ["webhookevents"], "verbs": ["create"]}]}),
+        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+               "metadata": {"name": "publisher", "namespace": "shop"},
+               "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "publisher"},
+               "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "alice"},
+                            {"kind": "ServiceAccount", "name": "producer", "namespace": "shop"}]}),
+        json!({"apiVersion": "v1", "kind": "ServiceAccount",
+               "metadata": {"name": "producer", "namespace": "shop"}}),
+    ]
+}
+
+/// The audit log's entries for webhookevents.
+fn audit_entries(cp: &ControlPlane) -> Vec<Value> {
+    std::fs::read_to_string(cp.dir().join("logs/audit.log"))
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|line| serde_json::from_str::<Value>(line).ok())
+        .filter(|entry| entry["objectRef"]["resource"] == "webhookevents")
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn publish_with_kubectl_through_the_api_server() {
+    let Some(cp) = ControlPlane::start() else {
+        return;
+    };
+    let files = Files::new();
+    let ca = Ca::new("herald aggregated API test CA");
+    let serving = ca.leaf(&[&format!("{SERVICE}.{SERVICE_NAMESPACE}.svc")], 1);
+    let cert = files.write("serving.crt", &serving.cert_pem);
+    let key = files.write("serving.key", &serving.key_pem);
+    let address = host_address();
+    let operator = Operator::start(
+        &cp,
+        &[
+            "--aggregated-listen",
+            &format!("{address}:0"),
+            "--aggregated-tls-cert-file",
+            cert.to_str().unwrap(),
+            "--aggregated-tls-key-file",
+            key.to_str().unwrap(),
+        ],
+    )
+    .await;
+    let aggregated = operator
+        .aggregated
+        .clone()
+        .expect("the ready file names the aggregated API");
+    let port: u16 = aggregated.rsplit(':').next().unwrap().parse().unwrap();
+    cp.apply(&api_service(&address, port, &ca.pem));
+    let available = cp.kubectl(&[
+        "wait",
+        "--for=condition=Available",
+        &format!("apiservice/{APISERVICE}"),
+        "--timeout=90s",
+    ]);
+    assert!(
+        available.status.success(),
+        "the APIService did not become Available: {}\n{}\nherald:\n{}",
+        String::from_utf8_lossy(&available.stderr),
+        cp.kubectl_ok(&["get", "apiservice", APISERVICE, "-o", "yaml"]),
+        operator.log()
+    );
+    let resources = cp.kubectl_eventually(
+        &[
+            "api-resources",
+            "--api-group=delivery.herald.dev",
+            "-o",
+            "name",
+        ],
+        Duration::from_secs(60),
+    );
+    assert_eq!(resources.trim(), "webhookevents.delivery.herald.dev");
+
+    let receiver = Receiver::start().await;
+    cp.apply(&[json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "shop"}})]);
+    let mut manifests = vec![
+        secret("shop"),
+        subscription(
+            "shop",
+            "orders",
+            &receiver.url("/orders"),
+            &["order.created"],
+            json!({}),
+        ),
+    ];
+    manifests.extend(publisher_role());
+    cp.apply(&manifests);
+    cp.wait_ready("shop", "whsub/orders");
+
+    let dir = support::fresh_dir("herald-users");
+    let alice = user_certificate(&cp, &dir, "alice", &["shop-developers"]);
+    let bob = user_certificate(&cp, &dir, "bob", &[]);
+
+    // alice may create webhookevents: kubectl create publishes, and the receiver gets it signed.
+    let created = kubectl_as(
+        &cp,
+        &alice,
+        &["create", "-f", "-", "-o", "json"],
+        &event_yaml("evt-1", 1),
+    );
+    assert!(
+        created.status.success(),
+        "alice's create failed: {}\nherald:\n{}",
+        String::from_utf8_lossy(&created.stderr),
+        operator.log()
+    );
+    let object: Value = serde_json::from_slice(&created.stdout).unwrap();
+    assert_eq!(object["metadata"]["name"], "evt-1");
+    assert_eq!(object["status"]["matched"], 1);
+    receiver
+        .wait_until("evt-1 delivered", Duration::from_secs(30), |hits| {
+            hits.len() == 1
+        })
+        .await;
+    let hit = receiver.hits_for("/orders").remove(0);
+    assert!(
+        hit.verified,
+        "the delivery's signature does not verify with {SECRET}"
+    );
+    assert_eq!(hit.header("webhook-id"), "evt-1");
+    assert_eq!(
+        serde_json::from_slice::<Value>(&hit.body).unwrap()["data"]["order"],
+        1
+    );
+
+    // bob may not: the API server refuses, and herald never hears of it.
+    let refused = kubectl_as(&cp, &bob, &["create", "-f", "-"], &event_yaml("evt-2", 2));
+    assert!(!refused.status.success());
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        stderr.contains("Forbidden") && stderr.contains("webhookevents"),
+        "bob's refusal: {stderr}"
+    );
+
+    // The same name again: AlreadyExists, nothing delivered again. A server-side dry run
+    // checks without publishing.
+    let again = kubectl_as(&cp, &alice, &["create", "-f", "-"], &event_yaml("evt-1", 1));
+    assert!(
+        String::from_utf8_lossy(&again.stderr).contains("AlreadyExists"),
+        "a repeated name: {}",
+        String::from_utf8_lossy(&again.stderr)
+    );
+    let dry = kubectl_as(
+        &cp,
+        &alice,
+        &["create", "--dry-run=server", "-f", "-"],
+        &event_yaml("evt-3", 3),
+    );
+    assert!(
+        dry.status.success(),
+        "dry run: {}",
+        String::from_utf8_lossy(&dry.stderr)
+    );
+    let invalid = kubectl_as(
+        &cp,
+        &alice,
+        &["create", "-f", "-"],
+        &event_yaml("evt-4", 4).replace("order.created", "order created!"),
+    );
+    assert!(
+        String::from_utf8_lossy(&invalid.stderr).contains("type must be"),
+        "an invalid type: {}",
+        String::from_utf8_lossy(&invalid.stderr)
+    );
+    assert_eq!(
+        operator.metric("herald_events_published_total", "").await,
+        1.0
+    );
+    assert_eq!(receiver.count(), 1);
+
+    // The audit log says who published and who was refused.
+    let end = Instant::now() + Duration::from_secs(20);
+    loop {
+        let entries = audit_entries(&cp);
+        let by = |user: &str, code: u64| {
+            entries.iter().any(|e| {
+                e["user"]["username"] == user
+                    && e["verb"] == "create"
+                    && e["objectRef"]["namespace"] == "shop"
+                    && e["responseStatus"]["code"] == code
+            })
+        };
+        if by("alice", 201) && by("bob", 403) {
+            break;
+        }
+        assert!(
+            Instant::now() < end,
+            "the audit log lacks alice's 201 or bob's 403: {entries:#?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+
+    refuses_all_but_the_front_proxy(&cp, &aggregated, &ca).await;
+    throughput_against_the_direct_api(&cp, &operator).await;
+}
+
+/// Straight to herald's aggregated port, not through the API server: without the front
+/// proxy's client certificate nothing gets in, forged identity headers or not.
+async fn refuses_all_but_the_front_proxy(cp: &ControlPlane, aggregated: &str, ca: &Ca) {
+    let url =
+        format!("{aggregated}/apis/delivery.herald.dev/v1alpha1/namespaces/shop/webhookevents");
+    let event = json!({"apiVersion": "delivery.herald.dev/v1alpha1", "kind": "WebhookEvent",
+                       "metadata": {"name": "forged"}, "spec": {"type": "order.created"}});
+    let pki = cp.dir().join("pki");
+    let identity = |name: &str| {
+        let mut pem = std::fs::read(pki.join(format!("{name}.crt"))).unwrap();
+        pem.extend(std::fs::read(pki.join(format!("{name}.key"))).unwrap());
+        reqwest::Identity::from_pem(&pem).unwrap()
+    };
+    let client = |identity: Option<reqwest::Identity>| {
+        let mut builder = reqwest::Client::builder()
+            .tls_certs_only([reqwest::Certificate::from_der(&ca.der).unwrap()])
+            .resolve(
+                &format!("{SERVICE}.{SERVICE_NAMESPACE}.svc"),
+                aggregated.trim_start_matches("https://").parse().unwrap(),
+            );
+        if let Some(identity) = identity {
+            builder = builder.identity(identity);
+        }
+        builder.build().unwrap()
+    };
+    let url = url.replace(
+        aggregated.trim_start_matches("https://"),
+        &format!(
+            "{SERVICE}.{SERVICE_NAMESPACE}.svc:{}",
+            aggregated.rsplit(':').next().unwrap()
+        ),
+    );
+    let forged = |client: reqwest::Client| {
+        let url = url.clone();
+        let event = event.clone();
+        async move {
+            client
+                .post(url)
+                .header("X-Remote-User", "alice")
+                .header("X-Remote-Group", "system:masters")
+                .json(&event)
+                .send()
+                .await
+        }
+    };
+    // No client certificate: the handshake fails.
+    assert!(
+        forged(client(None)).await.is_err(),
+        "no client certificate was let in"
+    );
+    // A certificate of the cluster's CA (the admin's), not the front proxy's: refused too.
+    assert!(
+        forged(client(Some(identity("admin")))).await.is_err(),
+        "the admin's certificate was let in"
+    );
+    // The front proxy's own certificate without a user: 401 Status.
+    let response = client(Some(identity("front-proxy-client")))
+        .post(&url)
+        .json(&event)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status().as_u16(), 401);
+    let status: Value = response.json().await.unwrap();
+    assert_eq!(status["kind"], "Status");
+    assert_eq!(status["reason"], "Unauthorized");
+}
+
+/// Publish rate through the API server against the direct API, same herald, same run: a
+/// figure for the closing note (printed), not a timed assertion.
+async fn throughput_against_the_direct_api(cp: &ControlPlane, operator: &Operator) {
+    const EVENTS: usize = 400;
+    const CONCURRENCY: usize = 8;
+    let client = cp.client().await;
+    let gvk = GroupVersionKind::gvk("delivery.herald.dev", "v1alpha1", "WebhookEvent");
+    let resource = ApiResource::from_gvk_with_plural(&gvk, "webhookevents");
+    let events: Api<DynamicObject> = Api::namespaced_with(client, "shop", &resource);
+    let started = Instant::now();
+    let results: Vec<_> = futures::stream::iter(0..EVENTS)
+        .map(|n| {
+            let events = events.clone();
+            let resource = resource.clone();
+            async move {
+                let mut object = DynamicObject::new(&format!("agg-{n}"), &resource);
+                object.data = json!({"spec": {"type": "order.created", "data": {"n": n}}});
+                events.create(&PostParams::default(), &object).await
+            }
+        })
+        .buffer_unordered(CONCURRENCY)
+        .collect()
+        .await;
+    let aggregated = started.elapsed();
+    for result in results {
+        result.expect("a create through the API server");
+    }
+    let token = cp.token("shop", "producer");
+    let started = Instant::now();
+    futures::stream::iter(0..EVENTS)
+        .map(|n| {
+            let token = token.clone();
+            async move {
+                operator
+                    .publish("shop", &token, json!({"id": format!("direct-{n}"), "type": "order.created", "data": {"n": n}}))
+                    .await
+            }
+        })
+        .buffer_unordered(CONCURRENCY)
+        .collect::<Vec<_>>()
+        .await;
+    let direct = started.elapsed();
+    let rate = |elapsed: Duration| EVENTS as f64 / elapsed.as_secs_f64();
+    println!(
+        "publish through the aggregated API: {:.0} events/s; direct API: {:.0} events/s; ratio {:.2} ({EVENTS} events, {CONCURRENCY} at a time, each side)",
+        rate(aggregated),
+        rate(direct),
+        rate(aggregated) / rate(direct)
+    );
+    assert_eq!(
+        operator.metric("herald_events_published_total", "").await,
+        (1 + 2 * EVENTS) as f64
+    );
+}
