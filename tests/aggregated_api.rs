@@ -222,6 +222,18 @@ async fn publish_with_kubectl_through_the_api_server() {
         Duration::from_secs(60),
     );
     assert_eq!(resources.trim(), "webhookevents.delivery.herald.dev");
+    let explained = cp.kubectl_eventually(
+        &[
+            "explain",
+            "webhookevents.spec",
+            "--api-version=delivery.herald.dev/v1alpha1",
+        ],
+        Duration::from_secs(90),
+    );
+    assert!(
+        explained.contains("subscriptions choose events by"),
+        "kubectl explain: {explained}"
+    );
 
     let receiver = Receiver::start().await;
     cp.apply(&[json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "shop"}})]);

@@ -23,7 +23,7 @@ use axum::extract::{Request, State};
 use axum::http::StatusCode;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::{any, get, post};
 use serde_json::json;
 
 use crate::delivery::engine::Engine;
@@ -53,6 +53,10 @@ pub fn router(api: Api) -> Router {
             "/apis/delivery.herald.dev/v1alpha1/namespaces/{namespace}/webhookevents",
             post(webhookevents::create),
         )
+        .route(
+            "/apis/delivery.herald.dev/v1alpha1/namespaces/{namespace}/webhookevents/{name}",
+            any(webhookevents::write_once),
+        )
         .route_layer(axum::middleware::from_fn_with_state(
             api.clone(),
             require_user,
@@ -63,6 +67,12 @@ pub fn router(api: Api) -> Router {
         .route(
             "/apis/delivery.herald.dev/v1alpha1",
             get(discovery::resources),
+        )
+        .route("/openapi/v2", get(discovery::openapi_v2))
+        .route("/openapi/v3", get(discovery::openapi_v3_index))
+        .route(
+            "/openapi/v3/apis/delivery.herald.dev/v1alpha1",
+            get(discovery::openapi_v3),
         )
         .merge(resources)
         .fallback(not_found)

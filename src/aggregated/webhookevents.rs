@@ -171,6 +171,17 @@ pub async fn create(
     Ok((StatusCode::CREATED, axum::Json(answer)).into_response())
 }
 
+/// Anything but a create on one event: a published event is never read, changed or
+/// deleted here (its deliveries are what changes).
+pub async fn write_once() -> Refused {
+    Refused::new(status(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "MethodNotAllowed",
+        "a webhookevent is write-once: once published it cannot be read, changed or deleted",
+        None,
+    ))
+}
+
 /// The `dryRun` values of a create's query. kubectl also sends `fieldManager` (herald
 /// keeps no managed fields) and `fieldValidation` (herald always refuses unknown fields, as
 /// `Strict` asks).
