@@ -1,6 +1,7 @@
 """The chart, config/ and the Dockerfile without a cluster: lint, the values schema, what
 the templates render, that config/ grants what the chart grants, hadolint and checkov."""
 
+import base64
 import json
 import os
 import re
@@ -518,7 +519,9 @@ def test_tenant_roles_aggregate_into_edit_and_view_and_never_write_quotas():
     assert triples(edit["rules"]) == subs | read_quotas
     assert triples(view["rules"]) == {("herald.dev", r, v) for r in ("webhooksubscriptions", "webhookquotas")
                                       for v in ("get", "list", "watch")}
-    assert triples(publisher["rules"]) == {("herald.dev", "webhookevents", "create")}
+    # Publishing through herald's direct API and through the aggregated API (kubectl create).
+    assert triples(publisher["rules"]) == {("herald.dev", "webhookevents", "create"),
+                                           ("delivery.herald.dev", "webhookevents", "create")}
     names = {o["metadata"]["name"] for o in render("--set", "rbac.tenantRoles=false")
              if o["kind"] == "ClusterRole"}
     assert names == {"herald"}
@@ -772,3 +775,65 @@ def test_checkov_does_flag_a_careless_deployment(rendered, tmp_path):
     proc = checkov("-d", tmp_path, "--framework", "kubernetes")
     assert proc.returncode != 0
     assert "CKV_K8S_16" in proc.stdout  # Container should not be privileged
+
+
+def test_aggregated_api_is_off_by_default():
+    kinds = {o["kind"] for o in render()}
+    assert "APIService" not in kinds
+
+
+def test_aggregated_api_with_the_charts_own_certificate(tmp_path):
+    """The APIService points at a Service of herald's pods whose certificate names it, and
+    trusts the CA that signed it; herald serves it from the Secret and may read the API
+    server's front-proxy settings; publishers may create delivery.herald.dev webhookevents."""
+    objects = render("--set", "aggregatedApi.enabled=true")
+    api_service = find(objects, "APIService", "v1alpha1.delivery.herald.dev")
+    spec = api_service["spec"]
+    assert spec["group"] == "delivery.herald.dev" and spec["version"] == "v1alpha1"
+    assert spec["service"] == {"namespace": "herald-system", "name": "herald-api", "port": 443}
+    assert "insecureSkipTLSVerify" not in spec
+    service = find(objects, "Service", "herald-api")
+    assert service["spec"]["selector"] == find(objects, "Deployment", "herald")["spec"]["selector"]["matchLabels"]
+    assert service["spec"]["ports"] == [{"name": "aggregated", "port": 443, "targetPort": "aggregated",
+                                         "protocol": "TCP", "appProtocol": "https"}]
+    secret = find(objects, "Secret", "herald-api-tls")
+    assert secret["data"]["ca.crt"] == spec["caBundle"]
+    (tmp_path / "ca.crt").write_bytes(base64.b64decode(secret["data"]["ca.crt"]))
+    (tmp_path / "tls.crt").write_bytes(base64.b64decode(secret["data"]["tls.crt"]))
+    verified = run(["openssl", "verify", "-CAfile", str(tmp_path / "ca.crt"), str(tmp_path / "tls.crt")])
+    assert "OK" in verified.stdout
+    names = run(["openssl", "x509", "-noout", "-ext", "subjectAltName", "-in", str(tmp_path / "tls.crt")])
+    assert "DNS:herald-api.herald-system.svc" in names.stdout
+
+    pod = find(objects, "Deployment", "herald")["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    env = env_of(container)
+    mount = next(m for m in container["volumeMounts"] if m["name"] == "api-tls")
+    assert env["HERALD_AGGREGATED_LISTEN"] == "0.0.0.0:8443"
+    assert env["HERALD_AGGREGATED_TLS_CERT_FILE"] == mount["mountPath"] + "/tls.crt"
+    assert env["HERALD_AGGREGATED_TLS_KEY_FILE"] == mount["mountPath"] + "/tls.key"
+    assert {"name": "aggregated", "containerPort": 8443, "protocol": "TCP"} in container["ports"]
+    volume = next(v for v in pod["volumes"] if v["name"] == "api-tls")
+    assert volume["secret"] == {"secretName": "herald-api-tls", "defaultMode": 0o440}
+    policy = find(objects, "NetworkPolicy", "herald")
+    assert {"ports": [{"port": "aggregated", "protocol": "TCP"}]} in policy["spec"]["ingress"]
+
+    bindings = {(o["kind"], o["metadata"].get("namespace"), o["roleRef"]["name"])
+                for o in objects if o["kind"] in ("RoleBinding", "ClusterRoleBinding")
+                and {"kind": "ServiceAccount", "name": "herald", "namespace": "herald-system"} in o["subjects"]}
+    assert ("RoleBinding", "kube-system", "extension-apiserver-authentication-reader") in bindings
+    assert ("ClusterRoleBinding", None, "system:auth-delegator") in bindings
+    publisher = find(objects, "ClusterRole", "herald-publisher")
+    assert ("delivery.herald.dev", "webhookevents", "create") in triples(publisher["rules"])
+
+
+def test_aggregated_api_with_cert_manager():
+    objects = render("--set", "aggregatedApi.enabled=true", "--set", "aggregatedApi.certManager.enabled=true",
+                     "--set", "aggregatedApi.certManager.issuerRef.name=internal-ca")
+    certificate = find(objects, "Certificate", "herald-api")
+    assert certificate["spec"]["dnsNames"] == ["herald-api.herald-system.svc"]
+    assert certificate["spec"]["secretName"] == "herald-api-tls"
+    api_service = find(objects, "APIService", "v1alpha1.delivery.herald.dev")
+    assert api_service["metadata"]["annotations"] == {"cert-manager.io/inject-ca-from": "herald-system/herald-api"}
+    assert "caBundle" not in api_service["spec"]
+    assert "Secret" not in {o["kind"] for o in objects}

@@ -395,10 +395,12 @@ def ready_pods(cluster, namespace=NS):
 
 @pytest.fixture(scope="session")
 def release(cluster, images, tmp_path_factory):
-    """`helm install` with default values (egress.allow aside) into a namespace enforcing
+    """`helm install` with default values (egress.allow and the aggregated API aside) into a namespace enforcing
     the restricted Pod Security Standard; waits until herald's Pod is Ready."""
     cluster.namespace(NS, RESTRICTED)
-    values = herald_values(cluster, tmp_path_factory.mktemp("values") / "values.yaml")
+    # With the aggregated API: the API server proxies delivery.herald.dev to herald's Pod.
+    values = herald_values(cluster, tmp_path_factory.mktemp("values") / "values.yaml",
+                           aggregatedApi={"enabled": True})
     started = time.monotonic()
     cluster.helm("install", "herald", CHART, "--namespace", NS, "-f", values)
     pod = wait_until("herald's Pod Ready", lambda: (ready_pods(cluster) or [None])[0],

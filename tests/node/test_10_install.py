@@ -2,7 +2,10 @@
 Standard, its claim bound, Ready through its own probes; a tenant's subscription Ready; a
 producer Pod publishing with its projected token; signatures checked by standardwebhooks."""
 
+import json
 import time
+
+import yaml
 
 from conftest import NS, RESTRICTED, TENANT, producer_pod, producer_results, ready_pods, report, wait_until
 
@@ -76,3 +79,27 @@ def test_token_meant_for_the_api_server_is_refused(cluster, images, shop):
     assert result["acked"] == [] and len(result["gaveup"]) == 1, result["log"]
     assert " 401 " in result["gaveup"][0], result["gaveup"]
     assert shop["receiver"].ids("wrong-") == []
+
+
+def test_kubectl_create_publishes_through_the_chart_s_aggregated_api(cluster, shop):
+    """The chart's APIService, Service and serving certificate: the API server proxies
+    delivery.herald.dev to herald's Pod, so a producer bound to herald-publisher publishes
+    with `kubectl create` (impersonated here by the admin), and one without it is refused
+    by the API server before herald hears of it."""
+    def available():
+        api_service = cluster.get_json("apiservice", "v1alpha1.delivery.herald.dev")
+        conditions = {c["type"]: c for c in api_service.get("status", {}).get("conditions", [])}
+        return conditions.get("Available", {}).get("status") == "True" or AssertionError(conditions)
+    wait_until("the APIService Available", available, timeout=120)
+    event = yaml.safe_dump({"apiVersion": "delivery.herald.dev/v1alpha1", "kind": "WebhookEvent",
+                            "metadata": {"name": "aggregated-1", "namespace": TENANT},
+                            "spec": {"type": "order.created", "data": {"order": 1}}})
+    created = cluster.kubectl("create", "-f", "-", "-o", "json", "--as=system:serviceaccount:shop:producer",
+                              input=event)
+    assert json.loads(created.stdout)["status"] == {"matched": 1}
+    wait_until("the event at the receiver", lambda: shop["receiver"].ids("aggregated-") == ["aggregated-1"],
+               timeout=60)
+    refused = cluster.kubectl("create", "-f", "-", "--as=bob", input=event.replace("aggregated-1", "aggregated-2"),
+                              check=False)
+    assert refused.returncode != 0 and "Forbidden" in refused.stderr, refused.stderr
+    assert shop["receiver"].ids("aggregated-") == ["aggregated-1"]
