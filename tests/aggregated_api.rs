@@ -221,7 +221,10 @@ async fn publish_with_kubectl_through_the_api_server() {
         ],
         Duration::from_secs(60),
     );
-    assert_eq!(resources.trim(), "webhookevents.delivery.herald.dev");
+    assert_eq!(
+        resources.trim(),
+        "deliveries.delivery.herald.dev\nwebhookevents.delivery.herald.dev"
+    );
     let explained = cp.kubectl_eventually(
         &[
             "explain",
@@ -356,6 +359,187 @@ async fn publish_with_kubectl_through_the_api_server() {
 
     refuses_all_but_the_front_proxy(&cp, &aggregated, &ca).await;
     throughput_against_the_direct_api(&cp, &operator).await;
+    kubectl_pages_through_five_thousand_attempts(&cp, &operator, &receiver).await;
+    a_watch_sees_a_retry_arrive(&cp, &receiver).await;
+}
+
+/// `kubectl get deliveries` reads the attempt log a page at a time (`--chunk-size`) and
+/// prints it as a table; a field selector narrows it.
+async fn kubectl_pages_through_five_thousand_attempts(
+    cp: &ControlPlane,
+    operator: &Operator,
+    receiver: &Receiver,
+) {
+    let token = cp.token("shop", "producer");
+    for batch in 0..5 {
+        let events: Vec<Value> = (0..1000)
+            .map(|n| json!({"id": format!("page-{batch}-{n}"), "type": "order.created"}))
+            .collect();
+        let answer = operator
+            .expect(
+                reqwest::Method::POST,
+                "/v1/namespaces/shop/events/batch",
+                Some(&token),
+                Some(json!({"events": events})),
+                200,
+            )
+            .await;
+        assert_eq!(answer["results"].as_array().unwrap().len(), 1000);
+    }
+    // evt-1, 2 × 400 from the throughput figure, 5,000 here: every one delivered once.
+    let total = 1 + 800 + 5000;
+    receiver
+        .wait_until("every event delivered", Duration::from_secs(120), |hits| {
+            hits.len() >= total
+        })
+        .await;
+    let end = Instant::now() + Duration::from_secs(30);
+    let listed = loop {
+        let out = cp.kubectl(&[
+            "get",
+            "deliveries",
+            "-n",
+            "shop",
+            "--chunk-size=500",
+            "--no-headers",
+            "-v=6",
+        ]);
+        let rows = String::from_utf8_lossy(&out.stdout).lines().count();
+        if rows == total || Instant::now() > end {
+            break (out, rows);
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
+    let (out, rows) = listed;
+    assert_eq!(
+        rows,
+        total,
+        "kubectl get deliveries: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let pages = String::from_utf8_lossy(&out.stderr)
+        .lines()
+        .filter(|l| l.contains("/deliveries?") && l.contains("limit=500") && l.contains("200 OK"))
+        .count();
+    // herald's read budget per namespace may answer a page 429 with Retry-After, which
+    // client-go honours: only the pages served count.
+    assert_eq!(
+        pages,
+        total.div_ceil(500),
+        "one page served per 500 attempts"
+    );
+    // One by name, as a table (the names come from the list).
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let first = stdout.split_whitespace().next().unwrap();
+    let table = cp.kubectl_ok(&["get", "delivery", first, "-n", "shop"]);
+    let header = table.lines().next().unwrap();
+    for column in [
+        "NAME",
+        "SUBSCRIPTION",
+        "EVENT",
+        "TYPE",
+        "OUTCOME",
+        "STATUS",
+        "LATENCY",
+        "AGE",
+    ] {
+        assert!(header.contains(column), "no {column} column: {header}");
+    }
+    let wrong = cp.kubectl(&[
+        "get",
+        "deliveries",
+        "-n",
+        "shop",
+        "--field-selector",
+        "colour=blue",
+    ]);
+    assert!(String::from_utf8_lossy(&wrong.stderr).contains("field label not supported"));
+}
+
+/// A watch from a list's version sees the attempts that follow it (a failed one and its
+/// retry) and none of those the list had.
+async fn a_watch_sees_a_retry_arrive(cp: &ControlPlane, receiver: &Receiver) {
+    use kube::api::{ListParams, WatchEvent, WatchParams};
+    // Each event fails once, then is accepted on its retry.
+    receiver.set(
+        "/flaky",
+        support::receiver::Behaviour::Script(vec![503, 204, 503, 204]),
+    );
+    cp.apply(&[subscription(
+        "shop",
+        "flaky",
+        &receiver.url("/flaky"),
+        &["payment.failed"],
+        json!({"delivery": {"retry": {"initialBackoff": "200ms", "maxBackoff": "1s"}}}),
+    )]);
+    cp.wait_ready("shop", "whsub/flaky");
+    let gvk = GroupVersionKind::gvk("delivery.herald.dev", "v1alpha1", "Delivery");
+    let resource = ApiResource::from_gvk_with_plural(&gvk, "deliveries");
+    let deliveries: Api<DynamicObject> = Api::namespaced_with(cp.client().await, "shop", &resource);
+    let pay = |id: &str| event_yaml(id, 1).replace("order.created", "payment.failed");
+    // pay-0's two attempts come before the list; the watch from its version must not
+    // repeat them.
+    let created = cp.kubectl_stdin_output(&["create", "-f", "-"], &pay("pay-0"));
+    assert!(
+        created.status.success(),
+        "{}",
+        String::from_utf8_lossy(&created.stderr)
+    );
+    let flaky = ListParams::default().fields("subscription=flaky");
+    let end = Instant::now() + Duration::from_secs(30);
+    let listed = loop {
+        let listed = deliveries.list(&flaky).await.unwrap();
+        if listed.items.len() == 2 {
+            break listed;
+        }
+        assert!(
+            Instant::now() < end,
+            "pay-0's two attempts not listed: {:?}",
+            listed.items
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    let version = listed.metadata.resource_version.clone().unwrap();
+    let mut stream = deliveries
+        .watch(
+            &WatchParams::default()
+                .fields("subscription=flaky")
+                .timeout(60),
+            &version,
+        )
+        .await
+        .unwrap()
+        .boxed();
+    let created = cp.kubectl_stdin_output(&["create", "-f", "-"], &pay("pay-1"));
+    assert!(
+        created.status.success(),
+        "{}",
+        String::from_utf8_lossy(&created.stderr)
+    );
+    let mut seen = Vec::new();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while seen.len() < 2 {
+        let event = tokio::time::timeout_at(deadline, stream.next())
+            .await
+            .unwrap_or_else(|_| panic!("the watch saw {seen:?} in 30s"))
+            .expect("the watch ended")
+            .unwrap();
+        match event {
+            WatchEvent::Added(object) => seen.push((
+                object.data["eventId"].as_str().unwrap().to_string(),
+                object.data["outcome"].as_str().unwrap().to_string(),
+                object.data["statusCode"].as_u64(),
+            )),
+            other => panic!("unexpected watch event {other:?}"),
+        }
+    }
+    assert_eq!(
+        seen,
+        [
+            ("pay-1".to_string(), "Transient".to_string(), Some(503)),
+            ("pay-1".to_string(), "Accepted".to_string(), Some(204))
+        ]
+    );
 }
 
 /// Straight to herald's aggregated port, not through the API server: without the front

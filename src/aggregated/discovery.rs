@@ -44,6 +44,14 @@ pub async fn resources() -> Json<Value> {
             "verbs": ["create"],
             "shortNames": ["whevent"],
             "categories": ["herald"],
+        }, {
+            "name": "deliveries",
+            "singularName": "delivery",
+            "namespaced": true,
+            "kind": "Delivery",
+            "verbs": ["get", "list", "watch"],
+            "shortNames": ["whdel"],
+            "categories": ["herald"],
         }],
     }))
 }

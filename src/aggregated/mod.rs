@@ -9,9 +9,11 @@
 //! - [`discovery`]: the group, its version and resources, as `kubectl api-resources` reads
 //!   them.
 //! - [`webhookevents`]: `create` publishes.
+//! - [`deliveries`]: the attempt log, listed (as a table for kubectl), paged and watched.
 //!
 //! Errors are Kubernetes `Status` objects, so kubectl prints them as it prints its own.
 
+pub mod deliveries;
 pub mod discovery;
 pub mod front_proxy;
 pub mod webhookevents;
@@ -56,6 +58,14 @@ pub fn router(api: Api) -> Router {
         .route(
             "/apis/delivery.herald.dev/v1alpha1/namespaces/{namespace}/webhookevents/{name}",
             any(webhookevents::write_once),
+        )
+        .route(
+            "/apis/delivery.herald.dev/v1alpha1/namespaces/{namespace}/deliveries",
+            get(deliveries::list),
+        )
+        .route(
+            "/apis/delivery.herald.dev/v1alpha1/namespaces/{namespace}/deliveries/{name}",
+            get(deliveries::get),
         )
         .route_layer(axum::middleware::from_fn_with_state(
             api.clone(),

@@ -461,6 +461,9 @@ pub struct AttemptHit {
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct AttemptPage {
     pub items: Vec<AttemptHit>,
+    /// Each item's place in the attempt log (its id, larger for later attempts), in the
+    /// items' order.
+    pub ids: Vec<i64>,
     pub next: Option<i64>,
     /// Rows of the log the page read: what it cost, however few it found.
     pub scanned: u32,
@@ -482,8 +485,10 @@ impl AttemptPage {
         } else {
             None
         };
+        let (ids, items) = hits.into_iter().unzip();
         Self {
-            items: hits.into_iter().map(|(_, hit)| hit).collect(),
+            items,
+            ids,
             next,
             scanned,
         }

@@ -178,6 +178,7 @@ mod tests {
     fn a_search_costs_what_it_read_not_only_what_it_found() {
         let empty = AttemptPage {
             items: Vec::new(),
+            ids: Vec::new(),
             next: Some(1),
             scanned: 10_000,
         };
@@ -196,6 +197,7 @@ mod tests {
         };
         let full = AttemptPage {
             items: vec![hit; 100],
+            ids: (1..=100).collect(),
             next: None,
             scanned: 120,
         };
