@@ -223,7 +223,7 @@ async fn publish_with_kubectl_through_the_api_server() {
     );
     assert_eq!(
         resources.trim(),
-        "deliveries.delivery.herald.dev\nwebhookevents.delivery.herald.dev"
+        "deliveries.delivery.herald.dev\nenablements.delivery.herald.dev\nreplays.delivery.herald.dev\nwebhookevents.delivery.herald.dev"
     );
     let explained = cp.kubectl_eventually(
         &[
@@ -361,6 +361,84 @@ async fn publish_with_kubectl_through_the_api_server() {
     throughput_against_the_direct_api(&cp, &operator).await;
     kubectl_pages_through_five_thousand_attempts(&cp, &operator, &receiver).await;
     a_watch_sees_a_retry_arrive(&cp, &receiver).await;
+    replays_and_enablements_are_creates(&cp, &receiver, &alice).await;
+}
+
+/// A receiver's 410 Gone disables its subscription and dead-letters the event; an
+/// Enablement re-enables it and a Replay delivers the dead letter again, each a create the
+/// API server authorizes (alice, who may only publish, is refused).
+async fn replays_and_enablements_are_creates(
+    cp: &ControlPlane,
+    receiver: &Receiver,
+    alice: &(PathBuf, PathBuf),
+) {
+    receiver.set("/gone", support::receiver::Behaviour::Status(410));
+    cp.apply(&[subscription(
+        "shop",
+        "gone",
+        &receiver.url("/gone"),
+        &["account.closed"],
+        json!({}),
+    )]);
+    cp.wait_ready("shop", "whsub/gone");
+    let created = cp.kubectl_stdin_output(
+        &["create", "-f", "-"],
+        &event_yaml("closed-1", 1).replace("order.created", "account.closed"),
+    );
+    assert!(
+        created.status.success(),
+        "{}",
+        String::from_utf8_lossy(&created.stderr)
+    );
+    let end = Instant::now() + Duration::from_secs(30);
+    while !cp
+        .kubectl_ok(&[
+            "get",
+            "deliveries",
+            "-n",
+            "shop",
+            "--field-selector",
+            "subscription=gone,outcome=Gone",
+            "-o",
+            "name",
+        ])
+        .contains("gone-")
+    {
+        assert!(Instant::now() < end, "no Gone attempt");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    receiver.set("/gone", support::receiver::Behaviour::Status(204));
+    let enablement = "apiVersion: delivery.herald.dev/v1alpha1\nkind: Enablement\nmetadata: {generateName: gone-}\nspec: {subscription: gone}\n";
+    let replay = "apiVersion: delivery.herald.dev/v1alpha1\nkind: Replay\nmetadata: {generateName: gone-}\nspec: {subscription: gone}\n";
+    for input in [enablement, replay] {
+        let refused = kubectl_as(cp, alice, &["create", "-n", "shop", "-f", "-"], input);
+        assert!(
+            String::from_utf8_lossy(&refused.stderr).contains("Forbidden"),
+            "{}",
+            String::from_utf8_lossy(&refused.stderr)
+        );
+    }
+    let enabled: Value = serde_json::from_str(&cp.kubectl_stdin(
+        &["create", "-n", "shop", "-f", "-", "-o", "json"],
+        enablement,
+    ))
+    .unwrap();
+    assert_eq!(enabled["status"]["disabled"], false, "{enabled}");
+    let replayed: Value = serde_json::from_str(
+        &cp.kubectl_stdin(&["create", "-n", "shop", "-f", "-", "-o", "json"], replay),
+    )
+    .unwrap();
+    assert_eq!(replayed["status"]["replayed"], 1, "{replayed}");
+    receiver
+        .wait_until(
+            "closed-1 delivered again",
+            Duration::from_secs(30),
+            |hits| {
+                hits.iter()
+                    .any(|h| h.path == "/gone" && h.answered == Some(204))
+            },
+        )
+        .await;
 }
 
 /// `kubectl get deliveries` reads the attempt log a page at a time (`--chunk-size`) and

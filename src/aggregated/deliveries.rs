@@ -13,7 +13,7 @@ use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
 
-use super::{Api, GROUP, GROUP_VERSION, Refused, status};
+use super::{Api, GROUP, GROUP_VERSION, Refused, bad_request, status};
 use crate::delivery::engine::EngineError;
 use crate::ingest::ApiError;
 use crate::store::{AttemptHit, AttemptPage, AttemptSearch};
@@ -39,15 +39,6 @@ struct ListOptions {
     watch: bool,
     resource_version: Option<i64>,
     timeout: Duration,
-}
-
-fn bad_request(message: impl Into<String>) -> Refused {
-    Refused::new(status(
-        StatusCode::BAD_REQUEST,
-        "BadRequest",
-        &message.into(),
-        None,
-    ))
 }
 
 fn options(pairs: &[(String, String)]) -> Result<ListOptions, Refused> {

@@ -52,6 +52,18 @@ pub async fn resources() -> Json<Value> {
             "verbs": ["get", "list", "watch"],
             "shortNames": ["whdel"],
             "categories": ["herald"],
+        }, {
+            "name": "replays",
+            "singularName": "replay",
+            "namespaced": true,
+            "kind": "Replay",
+            "verbs": ["create"],
+        }, {
+            "name": "enablements",
+            "singularName": "enablement",
+            "namespaced": true,
+            "kind": "Enablement",
+            "verbs": ["create"],
         }],
     }))
 }
@@ -87,37 +99,144 @@ fn webhook_event_schema() -> Value {
                 },
             },
         },
-        "x-kubernetes-group-version-kind": [{"group": GROUP, "version": VERSION, "kind": "WebhookEvent"}],
     })
 }
 
-const SCHEMA_NAME: &str = "dev.herald.delivery.v1alpha1.WebhookEvent";
-const EVENTS_PATH: &str = "/apis/delivery.herald.dev/v1alpha1/namespaces/{namespace}/webhookevents";
-
-/// The create operation, with the query parameters kubectl looks for (it sends
-/// `fieldValidation` only where the document lists it).
-fn create_parameters() -> Value {
-    json!([
-        {"name": "namespace", "in": "path", "required": true, "schema": {"type": "string"}},
-        {"name": "dryRun", "in": "query", "schema": {"type": "string"}, "description": "All: check without publishing."},
-        {"name": "fieldManager", "in": "query", "schema": {"type": "string"}},
-        {"name": "fieldValidation", "in": "query", "schema": {"type": "string"}, "description": "Unknown fields are always refused."},
-    ])
+fn replay_schema() -> Value {
+    json!({
+        "type": "object",
+        "description": "Dead letters of a subscription delivered again: due now, their attempts counted afresh. Not kept: the answer says how many.",
+        "required": ["spec"],
+        "properties": {
+            "apiVersion": {"type": "string"},
+            "kind": {"type": "string"},
+            "metadata": {"type": "object", "x-kubernetes-preserve-unknown-fields": true},
+            "spec": {
+                "type": "object",
+                "required": ["subscription"],
+                "properties": {
+                    "subscription": {"type": "string", "description": "The WebhookSubscription whose dead letters to replay."},
+                    "eventIds": {"type": "array", "items": {"type": "string"}, "description": "Only these events."},
+                    "since": {"type": "string", "format": "date-time", "description": "Only events published at or after this time (RFC 3339)."},
+                    "until": {"type": "string", "format": "date-time", "description": "Only events published before this time."},
+                },
+            },
+            "status": {"type": "object", "properties": {"replayed": {"type": "integer", "description": "Dead letters due again."}}},
+        },
+    })
 }
 
-/// An event's own path: only PATCH is documented, always refused (a published event never
-/// changes); it is there because kubectl reads a resource's PATCH parameters to learn that
-/// the server validates fields itself, and otherwise validates on the client against a
-/// CRD it may not be allowed to read.
-const EVENT_PATH: &str =
-    "/apis/delivery.herald.dev/v1alpha1/namespaces/{namespace}/webhookevents/{name}";
+fn enablement_schema() -> Value {
+    json!({
+        "type": "object",
+        "description": "Re-enables a subscription its failures (or a 410 Gone) disabled: it sends again and its failure count starts over. Not kept: the answer is the subscription's state.",
+        "required": ["spec"],
+        "properties": {
+            "apiVersion": {"type": "string"},
+            "kind": {"type": "string"},
+            "metadata": {"type": "object", "x-kubernetes-preserve-unknown-fields": true},
+            "spec": {
+                "type": "object",
+                "required": ["subscription"],
+                "properties": {"subscription": {"type": "string", "description": "The WebhookSubscription to re-enable."}},
+            },
+            "status": {"type": "object", "x-kubernetes-preserve-unknown-fields": true},
+        },
+    })
+}
 
-fn patch_parameters() -> Value {
-    let mut parameters = create_parameters();
-    parameters.as_array_mut().expect("a list").push(
-        json!({"name": "name", "in": "path", "required": true, "schema": {"type": "string"}}),
-    );
+/// The kinds clients create: (kind, plural, schema).
+fn created_kinds() -> [(&'static str, &'static str, Value); 3] {
+    [
+        ("WebhookEvent", "webhookevents", webhook_event_schema()),
+        ("Replay", "replays", replay_schema()),
+        ("Enablement", "enablements", enablement_schema()),
+    ]
+}
+
+/// The query parameters of a create, which kubectl looks for on the kind's PATCH (it sends
+/// `fieldValidation` only where the document lists it).
+fn parameters(item: bool) -> Value {
+    let mut list = vec![
+        json!({"name": "namespace", "in": "path", "required": true, "schema": {"type": "string"}}),
+        json!({"name": "dryRun", "in": "query", "schema": {"type": "string"}, "description": "All: check without doing."}),
+        json!({"name": "fieldManager", "in": "query", "schema": {"type": "string"}}),
+        json!({"name": "fieldValidation", "in": "query", "schema": {"type": "string"}, "description": "Unknown fields are always refused."}),
+    ];
+    if item {
+        list.push(
+            json!({"name": "name", "in": "path", "required": true, "schema": {"type": "string"}}),
+        );
+    }
+    Value::Array(list)
+}
+
+/// Swagger 2.0 gives a parameter its type directly rather than a schema.
+fn v2_parameters(mut parameters: Value) -> Value {
+    for parameter in parameters.as_array_mut().into_iter().flatten() {
+        let schema = parameter["schema"].take();
+        parameter["type"] = schema["type"].clone();
+        parameter.as_object_mut().map(|p| p.remove("schema"));
+    }
     parameters
+}
+
+/// Paths and schemas of the created kinds. Each has its create and a PATCH of one object
+/// that is always refused 405 (nothing herald takes is changed afterwards): kubectl reads a
+/// kind's PATCH parameters to learn that the server validates fields itself, and without
+/// one validates on the client against a CRD the caller may not be allowed to read.
+fn document(
+    v2: bool,
+) -> (
+    serde_json::Map<String, Value>,
+    serde_json::Map<String, Value>,
+) {
+    let (mut paths, mut schemas) = (serde_json::Map::new(), serde_json::Map::new());
+    for (kind, plural, schema) in created_kinds() {
+        let name = format!("dev.herald.delivery.{VERSION}.{kind}");
+        let gvk = json!({"group": GROUP, "version": VERSION, "kind": kind});
+        let reference = if v2 {
+            json!({"$ref": format!("#/definitions/{name}")})
+        } else {
+            json!({"$ref": format!("#/components/schemas/{name}")})
+        };
+        let collection = format!("/apis/{GROUP}/{VERSION}/namespaces/{{namespace}}/{plural}");
+        let mut create = json!({
+            "operationId": format!("createDeliveryHeraldDevV1alpha1Namespaced{kind}"),
+            "x-kubernetes-action": "post",
+            "x-kubernetes-group-version-kind": gvk,
+        });
+        let mut patch = json!({
+            "operationId": format!("patchDeliveryHeraldDevV1alpha1Namespaced{kind}"),
+            "description": "Always refused (405): it is never changed once created.",
+            "responses": {"405": {"description": "Never changed once created"}},
+            "x-kubernetes-action": "patch",
+            "x-kubernetes-group-version-kind": gvk,
+        });
+        if v2 {
+            let mut list = v2_parameters(parameters(false));
+            list.as_array_mut()
+                .expect("a list")
+                .push(json!({"name": "body", "in": "body", "required": true, "schema": reference}));
+            create["parameters"] = list;
+            create["consumes"] = json!(["application/json"]);
+            create["produces"] = json!(["application/json"]);
+            create["responses"] = json!({"201": {"description": "Created", "schema": reference}});
+            patch["parameters"] = v2_parameters(parameters(true));
+        } else {
+            create["parameters"] = parameters(false);
+            create["requestBody"] =
+                json!({"required": true, "content": {"application/json": {"schema": reference}}});
+            create["responses"] = json!({"201": {"description": "Created", "content": {"application/json": {"schema": reference}}}});
+            patch["parameters"] = parameters(true);
+        }
+        paths.insert(collection.clone(), json!({"post": create}));
+        paths.insert(format!("{collection}/{{name}}"), json!({"patch": patch}));
+        let mut schema = schema;
+        schema["x-kubernetes-group-version-kind"] = json!([gvk]);
+        schemas.insert(name, schema);
+    }
+    (paths, schemas)
 }
 
 /// `GET /openapi/v3`: where the group-version's document is.
@@ -129,65 +248,22 @@ pub async fn openapi_v3_index() -> Json<Value> {
 
 /// `GET /openapi/v3/apis/delivery.herald.dev/v1alpha1`
 pub async fn openapi_v3() -> Json<Value> {
-    let reference = json!({"$ref": format!("#/components/schemas/{SCHEMA_NAME}")});
+    let (paths, schemas) = document(false);
     Json(json!({
         "openapi": "3.0.0",
         "info": {"title": "herald", "version": VERSION},
-        "paths": {EVENTS_PATH: {"post": {
-            "operationId": "createDeliveryHeraldDevV1alpha1NamespacedWebhookEvent",
-            "parameters": create_parameters(),
-            "requestBody": {"required": true, "content": {"application/json": {"schema": reference}}},
-            "responses": {"201": {"description": "Published", "content": {"application/json": {"schema": reference}}}},
-            "x-kubernetes-action": "post",
-            "x-kubernetes-group-version-kind": {"group": GROUP, "version": VERSION, "kind": "WebhookEvent"},
-        }}, EVENT_PATH: {"patch": {
-            "operationId": "patchDeliveryHeraldDevV1alpha1NamespacedWebhookEvent",
-            "description": "Always refused (405): a published event never changes.",
-            "parameters": patch_parameters(),
-            "responses": {"405": {"description": "A published event never changes"}},
-            "x-kubernetes-action": "patch",
-            "x-kubernetes-group-version-kind": {"group": GROUP, "version": VERSION, "kind": "WebhookEvent"},
-        }}},
-        "components": {"schemas": {SCHEMA_NAME: webhook_event_schema()}},
+        "paths": paths,
+        "components": {"schemas": schemas},
     }))
 }
 
-/// `GET /openapi/v2`: the same schema for clients that still read Swagger 2.0.
+/// `GET /openapi/v2`: the same for clients that still read Swagger 2.0.
 pub async fn openapi_v2() -> Json<Value> {
-    let reference = json!({"$ref": format!("#/definitions/{SCHEMA_NAME}")});
-    // Swagger 2.0 gives a parameter its type directly rather than a schema.
-    let v2 = |mut parameters: Value| {
-        for parameter in parameters.as_array_mut().into_iter().flatten() {
-            let schema = parameter["schema"].take();
-            parameter["type"] = schema["type"].clone();
-            parameter.as_object_mut().map(|p| p.remove("schema"));
-        }
-        parameters
-    };
-    let mut parameters = v2(create_parameters());
-    parameters
-        .as_array_mut()
-        .expect("a list")
-        .push(json!({"name": "body", "in": "body", "required": true, "schema": reference}));
+    let (paths, definitions) = document(true);
     Json(json!({
         "swagger": "2.0",
         "info": {"title": "herald", "version": VERSION},
-        "paths": {EVENTS_PATH: {"post": {
-            "operationId": "createDeliveryHeraldDevV1alpha1NamespacedWebhookEvent",
-            "consumes": ["application/json"],
-            "produces": ["application/json"],
-            "parameters": parameters,
-            "responses": {"201": {"description": "Published", "schema": reference}},
-            "x-kubernetes-action": "post",
-            "x-kubernetes-group-version-kind": {"group": GROUP, "version": VERSION, "kind": "WebhookEvent"},
-        }}, EVENT_PATH: {"patch": {
-            "operationId": "patchDeliveryHeraldDevV1alpha1NamespacedWebhookEvent",
-            "description": "Always refused (405): a published event never changes.",
-            "parameters": v2(patch_parameters()),
-            "responses": {"405": {"description": "A published event never changes"}},
-            "x-kubernetes-action": "patch",
-            "x-kubernetes-group-version-kind": {"group": GROUP, "version": VERSION, "kind": "WebhookEvent"},
-        }}},
-        "definitions": {SCHEMA_NAME: webhook_event_schema()},
+        "paths": paths,
+        "definitions": definitions,
     }))
 }

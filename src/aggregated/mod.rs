@@ -9,6 +9,7 @@
 //! - [`discovery`]: the group, its version and resources, as `kubectl api-resources` reads
 //!   them.
 //! - [`webhookevents`]: `create` publishes.
+//! - [`replays`]: replaying dead letters and re-enabling a subscription, as creates.
 //! - [`deliveries`]: the attempt log, listed (as a table for kubectl), paged and watched.
 //!
 //! Errors are Kubernetes `Status` objects, so kubectl prints them as it prints its own.
@@ -16,6 +17,7 @@
 pub mod deliveries;
 pub mod discovery;
 pub mod front_proxy;
+pub mod replays;
 pub mod webhookevents;
 
 use std::sync::Arc;
@@ -57,11 +59,27 @@ pub fn router(api: Api) -> Router {
         )
         .route(
             "/apis/delivery.herald.dev/v1alpha1/namespaces/{namespace}/webhookevents/{name}",
-            any(webhookevents::write_once),
+            any(write_once),
+        )
+        .route(
+            "/apis/delivery.herald.dev/v1alpha1/namespaces/{namespace}/replays/{name}",
+            any(write_once),
+        )
+        .route(
+            "/apis/delivery.herald.dev/v1alpha1/namespaces/{namespace}/enablements/{name}",
+            any(write_once),
         )
         .route(
             "/apis/delivery.herald.dev/v1alpha1/namespaces/{namespace}/deliveries",
             get(deliveries::list),
+        )
+        .route(
+            "/apis/delivery.herald.dev/v1alpha1/namespaces/{namespace}/replays",
+            post(replays::create_replay),
+        )
+        .route(
+            "/apis/delivery.herald.dev/v1alpha1/namespaces/{namespace}/enablements",
+            post(replays::create_enablement),
         )
         .route(
             "/apis/delivery.herald.dev/v1alpha1/namespaces/{namespace}/deliveries/{name}",
@@ -112,6 +130,18 @@ async fn require_user(State(api): State<Api>, mut request: Request, next: Next) 
             None,
         ),
     }
+}
+
+/// Anything but a create on one object of a created kind (an event, a replay, an
+/// enablement): none is kept to be read, changed or deleted (a published event's
+/// deliveries are what changes).
+pub async fn write_once() -> Refused {
+    Refused::new(status(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "MethodNotAllowed",
+        "write-once: once created it cannot be read, changed or deleted here",
+        None,
+    ))
 }
 
 async fn not_found() -> Response {
@@ -184,6 +214,61 @@ impl From<ApiError> for Refused {
         }
         Refused::new(response)
     }
+}
+
+/// A created object as clients send it: `apiVersion`, `kind`, `metadata`, `spec` (a
+/// `status` is ignored, as a create ignores it).
+#[derive(serde::Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub(crate) struct Created<S> {
+    api_version: Option<String>,
+    kind: Option<String>,
+    #[serde(default)]
+    pub metadata: k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
+    pub spec: S,
+    #[serde(default)]
+    #[allow(dead_code)]
+    status: Option<serde::de::IgnoredAny>,
+}
+
+pub(crate) fn bad_request(message: impl Into<String>) -> Refused {
+    Refused::new(status(
+        StatusCode::BAD_REQUEST,
+        "BadRequest",
+        &message.into(),
+        None,
+    ))
+}
+
+/// Decodes a create's body as a `kind` of this group, in `namespace` when it names one.
+pub(crate) fn created<S: serde::de::DeserializeOwned>(
+    bytes: &[u8],
+    kind: &str,
+    namespace: &str,
+) -> Result<Created<S>, Refused> {
+    let object: Created<S> = serde_json::from_slice(bytes)
+        .map_err(|e| bad_request(format!("the body is not a {kind}: {e}")))?;
+    if object
+        .api_version
+        .as_deref()
+        .is_some_and(|v| v != GROUP_VERSION)
+        || object.kind.as_deref().is_some_and(|k| k != kind)
+    {
+        return Err(bad_request(format!(
+            "the body must be a {GROUP_VERSION} {kind}"
+        )));
+    }
+    if object
+        .metadata
+        .namespace
+        .as_deref()
+        .is_some_and(|ns| ns != namespace)
+    {
+        return Err(bad_request(
+            "the namespace of the provided object does not match the namespace sent on the request",
+        ));
+    }
+    Ok(object)
 }
 
 /// A refusal, already a `Status` answer (boxed: results carrying it stay small).

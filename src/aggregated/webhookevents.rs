@@ -17,13 +17,12 @@ use axum::body::Body;
 use axum::extract::{Extension, Path, Query, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde::Deserialize;
 use serde_json::json;
 use serde_json::value::RawValue;
 
 use super::front_proxy::Identity;
-use super::{Api, GROUP, GROUP_VERSION, Refused, status};
+use super::{Api, GROUP, GROUP_VERSION, Refused, bad_request, created, status};
 use crate::delivery::engine::Origin;
 use crate::ingest::{ApiError, PublishRequest, body_error, checked};
 
@@ -31,34 +30,11 @@ use crate::ingest::{ApiError, PublishRequest, body_error, checked};
 const ENVELOPE_ROOM: usize = 64 * 1024;
 
 #[derive(Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-struct WebhookEvent {
-    api_version: Option<String>,
-    kind: Option<String>,
-    #[serde(default)]
-    metadata: ObjectMeta,
-    spec: Spec,
-    /// Ignored, as a create ignores status.
-    #[serde(default)]
-    #[allow(dead_code)]
-    status: Option<serde::de::IgnoredAny>,
-}
-
-#[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct Spec {
     #[serde(rename = "type")]
     kind: String,
     data: Option<Box<RawValue>>,
-}
-
-fn bad_request(message: impl Into<String>) -> Refused {
-    Refused::new(status(
-        StatusCode::BAD_REQUEST,
-        "BadRequest",
-        &message.into(),
-        None,
-    ))
 }
 
 /// `POST /apis/delivery.herald.dev/v1alpha1/namespaces/{namespace}/webhookevents`
@@ -82,28 +58,7 @@ pub async fn create(
     let bytes = axum::body::to_bytes(body, api.max_body.saturating_add(ENVELOPE_ROOM))
         .await
         .map_err(|e| Refused::from(body_error(e, too_large)))?;
-    let event: WebhookEvent = serde_json::from_slice(&bytes)
-        .map_err(|e| bad_request(format!("the body is not a WebhookEvent: {e}")))?;
-    if event
-        .api_version
-        .as_deref()
-        .is_some_and(|v| v != GROUP_VERSION)
-        || event.kind.as_deref().is_some_and(|k| k != "WebhookEvent")
-    {
-        return Err(bad_request(format!(
-            "the body must be a {GROUP_VERSION} WebhookEvent"
-        )));
-    }
-    if event
-        .metadata
-        .namespace
-        .as_deref()
-        .is_some_and(|ns| ns != namespace)
-    {
-        return Err(bad_request(
-            "the namespace of the provided object does not match the namespace sent on the request",
-        ));
-    }
+    let event = created::<Spec>(&bytes, "WebhookEvent", &namespace)?;
     if event
         .spec
         .data
@@ -171,17 +126,6 @@ pub async fn create(
     Ok((StatusCode::CREATED, axum::Json(answer)).into_response())
 }
 
-/// Anything but a create on one event: a published event is never read, changed or
-/// deleted here (its deliveries are what changes).
-pub async fn write_once() -> Refused {
-    Refused::new(status(
-        StatusCode::METHOD_NOT_ALLOWED,
-        "MethodNotAllowed",
-        "a webhookevent is write-once: once published it cannot be read, changed or deleted",
-        None,
-    ))
-}
-
 /// The `dryRun` values of a create's query. kubectl also sends `fieldManager` (herald
 /// keeps no managed fields) and `fieldValidation` (herald always refuses unknown fields, as
 /// `Strict` asks).
@@ -198,7 +142,7 @@ fn dry_run_values(pairs: &[(String, String)]) -> Result<Vec<&str>, Refused> {
 }
 
 /// Five characters for `generateName`, as the API server adds.
-fn suffix() -> String {
+pub(crate) fn suffix() -> String {
     let simple = uuid::Uuid::now_v7().simple().to_string();
     simple[simple.len() - 5..].to_string()
 }

@@ -768,21 +768,21 @@ async fn subscription_state(
 /// Which dead letters to deliver again (all of the subscription's when none is given).
 #[derive(Deserialize, Default, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
-struct ReplayRequest {
+pub(crate) struct ReplayRequest {
     /// Only these events.
-    event_ids: Option<Vec<String>>,
+    pub(crate) event_ids: Option<Vec<String>>,
     /// Only events published at or after this time (RFC 3339)...
     #[schema(format = DateTime)]
-    since: Option<String>,
+    pub(crate) since: Option<String>,
     /// ...and before this one.
     #[schema(format = DateTime)]
-    until: Option<String>,
+    pub(crate) until: Option<String>,
 }
 
 impl ReplayRequest {
     /// What the store re-queues; a time that is not RFC 3339, or a range that is empty, is
     /// refused (400 `invalid_replay`).
-    fn selection(self) -> Result<crate::store::Replay, ApiError> {
+    pub(crate) fn selection(self) -> Result<crate::store::Replay, ApiError> {
         let (since_ms, until_ms) = time_range("invalid_replay", self.since, self.until)?;
         Ok(crate::store::Replay {
             event_ids: self.event_ids,
