@@ -516,9 +516,12 @@ def test_tenant_roles_aggregate_into_edit_and_view_and_never_write_quotas():
     subs = {("herald.dev", "webhooksubscriptions", v) for v in
             ("get", "list", "watch", "create", "update", "patch", "delete", "deletecollection")}
     read_quotas = {("herald.dev", "webhookquotas", v) for v in ("get", "list", "watch")}
-    assert triples(edit["rules"]) == subs | read_quotas
+    # Through the aggregated API: replays and re-enabling (edit), attempts (edit, view).
+    manage = {("delivery.herald.dev", r, "create") for r in ("replays", "enablements")}
+    attempts = {("delivery.herald.dev", "deliveries", v) for v in ("get", "list", "watch")}
+    assert triples(edit["rules"]) == subs | read_quotas | manage | attempts
     assert triples(view["rules"]) == {("herald.dev", r, v) for r in ("webhooksubscriptions", "webhookquotas")
-                                      for v in ("get", "list", "watch")}
+                                      for v in ("get", "list", "watch")} | attempts
     # Publishing through herald's direct API and through the aggregated API (kubectl create).
     assert triples(publisher["rules"]) == {("herald.dev", "webhookevents", "create"),
                                            ("delivery.herald.dev", "webhookevents", "create")}
