@@ -527,6 +527,11 @@ pub struct DeliveryView {
     pub next_due_ms: Option<i64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub last_attempt: Option<AttemptRecord>,
+    /// The last attempt's place in the attempt log ([`AttemptPage::ids`]): how the
+    /// aggregated API names it.
+    #[serde(skip)]
+    #[schema(ignore)]
+    pub last_attempt_id: Option<i64>,
 }
 
 #[async_trait]

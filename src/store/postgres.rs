@@ -876,7 +876,7 @@ impl Store for PostgresStore {
                 // of those: a page costs its own rows, however long the backlog (ORDER BY
                 // d.id sorted all of it for every page).
                 "SELECT e.event_id, e.event_type, d.state, d.attempts, e.published_ms, d.due_ms,
-                        a.at_ms, a.outcome, a.status_code, a.latency_ms, a.message
+                        a.at_ms, a.outcome, a.status_code, a.latency_ms, a.message, a.id
                  FROM unnest($2::smallint[]) AS s(state)
                  CROSS JOIN LATERAL (
                      SELECT id, event, state, attempts, due_ms FROM deliveries
@@ -884,7 +884,7 @@ impl Store for PostgresStore {
                  ) d
                  JOIN events e ON e.id = d.event
                  LEFT JOIN LATERAL (
-                     SELECT at_ms, outcome, status_code, latency_ms, message FROM attempt_log
+                     SELECT at_ms, outcome, status_code, latency_ms, message, id FROM attempt_log
                      WHERE delivery = d.id ORDER BY id DESC LIMIT 1
                  ) a ON true
                  ORDER BY d.state, d.due_ms, d.id LIMIT $3",
@@ -911,6 +911,7 @@ impl Store for PostgresStore {
                             .then(|| r.try_get(5))
                             .transpose()?,
                         last_attempt,
+                        last_attempt_id: r.try_get(11)?,
                     })
                 })
                 .collect()

@@ -853,17 +853,24 @@ impl Store for SqliteStore {
                             published_ms: r.get(5)?,
                             next_due_ms: (state == DeliveryState::Pending).then_some(r.get(6)?),
                             last_attempt: None,
+                            last_attempt_id: None,
                         },
                     ))
                 })?
                 .collect::<rusqlite::Result<_>>()?;
             let mut last = conn.prepare_cached(
-                "SELECT at_ms, outcome, status_code, latency_ms, message FROM attempt_log
+                "SELECT at_ms, outcome, status_code, latency_ms, message, id FROM attempt_log
                  WHERE delivery = ?1 ORDER BY id DESC LIMIT 1",
             )?;
             rows.into_iter()
                 .map(|(id, mut view)| {
-                    view.last_attempt = last.query_row([id], attempt_row).optional()?;
+                    if let Some((attempt, log_id)) = last
+                        .query_row([id], |r| Ok((attempt_row(r)?, r.get::<_, i64>(5)?)))
+                        .optional()?
+                    {
+                        view.last_attempt = Some(attempt);
+                        view.last_attempt_id = Some(log_id);
+                    }
                     Ok(view)
                 })
                 .collect()

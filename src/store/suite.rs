@@ -833,6 +833,21 @@ async fn dead_letters_list_and_replay(store: &dyn Store) {
         dead[0].last_attempt.as_ref().unwrap().status_code,
         Some(404)
     );
+    // Each names its last attempt's place in the log, as a search finds it.
+    let logged = store
+        .search_attempts(AttemptSearch {
+            namespace: NS.into(),
+            subscription: Some("name-x1".into()),
+            limit: 10,
+            ..AttemptSearch::default()
+        })
+        .await
+        .unwrap();
+    let mut named: Vec<i64> = dead.iter().filter_map(|d| d.last_attempt_id).collect();
+    named.sort_unstable();
+    let mut found = logged.ids.clone();
+    found.sort_unstable();
+    assert_eq!(named, found);
     assert!(
         store
             .list_deliveries("x1", StateFilter::Pending, 10)
