@@ -3,7 +3,8 @@
 //! and `-w` (a watch that polls the log once a second). Each object is one attempt of an
 //! event to a subscription, named `<subscription>-<log id>`; its `resourceVersion` is its
 //! place in the log. Field selectors: `subscription`, `outcome` (Accepted, Transient,
-//! Terminal, Gone) and `status` (the receiver's HTTP status).
+//! Terminal, Gone), `status` (the receiver's HTTP status) and `state=dead` (with
+//! `subscription`: the last attempt of each of its dead letters, which a replay sends again).
 
 use std::time::Duration;
 
@@ -16,7 +17,7 @@ use serde_json::{Value, json};
 use super::{Api, GROUP, GROUP_VERSION, Refused, bad_request, status};
 use crate::delivery::engine::EngineError;
 use crate::ingest::ApiError;
-use crate::store::{AttemptHit, AttemptPage, AttemptSearch};
+use crate::store::{AttemptHit, AttemptPage, AttemptSearch, StateFilter};
 
 /// A list without `limit` returns at most this many, with a `continue` for the rest.
 const UNLIMITED_LIST: usize = 10_000;
@@ -32,6 +33,8 @@ struct ListOptions {
     subscription: Option<String>,
     outcomes: Option<Vec<String>>,
     status_code: Option<u16>,
+    /// `state=dead`: the dead letters' last attempts rather than the log.
+    dead: bool,
     /// A name from `metadata.name=` (kubectl sends it for `get NAME -w`).
     name: Option<String>,
     limit: Option<u32>,
@@ -46,6 +49,7 @@ fn options(pairs: &[(String, String)]) -> Result<ListOptions, Refused> {
         subscription: None,
         outcomes: None,
         status_code: None,
+        dead: false,
         name: None,
         limit: None,
         continue_from: None,
@@ -59,7 +63,7 @@ fn options(pairs: &[(String, String)]) -> Result<ListOptions, Refused> {
             "labelSelector" if value.is_empty() => {}
             "labelSelector" => {
                 return Err(bad_request(
-                    "deliveries have no labels: select them with a field selector (subscription, outcome, status)",
+                    "deliveries have no labels: select them with a field selector (subscription, outcome, status, state)",
                 ));
             }
             "limit" => {
@@ -140,11 +144,17 @@ fn field_selector(selector: &str, options: &mut ListOptions) -> Result<(), Refus
                         })?,
                 );
             }
+            "state" if value.trim().eq_ignore_ascii_case("dead") => options.dead = true,
+            "state" => {
+                return Err(bad_request(format!(
+                    "state {value:?}: deliveries are attempts, and state=dead selects the last attempt of each dead letter (pending deliveries: the WebhookSubscription's status counts them)"
+                )));
+            }
             "metadata.name" => options.name = Some(value.trim().to_string()),
             "metadata.namespace" => {}
             other => {
                 return Err(bad_request(format!(
-                    "field label not supported: {other} (deliveries are selected by subscription, outcome and status)"
+                    "field label not supported: {other} (deliveries are selected by subscription, outcome, status and state)"
                 )));
             }
         }
@@ -302,6 +312,9 @@ pub async fn list(
 ) -> Result<Response, Refused> {
     let options = options(&pairs)?;
     let table = wants_table(&headers);
+    if options.dead {
+        return dead_letters(api, namespace, options, table).await;
+    }
     if options.watch {
         return Ok(watch(api, namespace, options, table).await);
     }
@@ -343,21 +356,93 @@ pub async fn list(
     if more && let Some(next) = before {
         metadata["continue"] = format!("{resource_version}.{next}").into();
     }
-    let body = if table {
-        table_json(&namespace, &rows, metadata)
-    } else {
-        json!({
-            "apiVersion": GROUP_VERSION,
-            "kind": "DeliveryList",
-            "metadata": metadata,
-            "items": rows.iter().map(|(id, hit)| object(&namespace, *id, hit)).collect::<Vec<_>>(),
-        })
-    };
-    Ok(axum::Json(body).into_response())
+    Ok(axum::Json(page(&namespace, &rows, metadata, table, None)).into_response())
 }
 
-fn table_json(namespace: &str, rows: &[(i64, AttemptHit)], metadata: Value) -> Value {
-    table(namespace, rows, metadata)
+/// `state=dead`: the last attempt of each of a subscription's dead letters, in one page (a
+/// dead letter is named by its last attempt, so `get` finds it too).
+async fn dead_letters(
+    api: Api,
+    namespace: String,
+    options: ListOptions,
+    table: bool,
+) -> Result<Response, Refused> {
+    let Some(subscription) = &options.subscription else {
+        return Err(bad_request(
+            "state=dead lists one subscription's dead letters: add subscription=NAME",
+        ));
+    };
+    if options.watch || options.continue_from.is_some() {
+        return Err(bad_request(
+            "state=dead is one page of dead letters: it has no watch and no continue",
+        ));
+    }
+    let limit = options.limit.unwrap_or(UNLIMITED_LIST as u32);
+    let letters = api
+        .engine
+        .list(&namespace, subscription, StateFilter::Dead, limit)
+        .await
+        .map_err(engine_error)?;
+    let mut rows: Vec<(i64, AttemptHit)> = letters
+        .into_iter()
+        .filter_map(|letter| {
+            Some((
+                letter.last_attempt_id?,
+                AttemptHit {
+                    subscription: subscription.clone(),
+                    event_id: letter.event_id,
+                    event_type: letter.event_type,
+                    attempt: letter.last_attempt?,
+                },
+            ))
+        })
+        .filter(|(id, hit)| {
+            options
+                .outcomes
+                .as_ref()
+                .is_none_or(|o| o.contains(&hit.attempt.outcome))
+                && options
+                    .status_code
+                    .is_none_or(|c| hit.attempt.status_code == Some(c))
+                && options
+                    .name
+                    .as_ref()
+                    .is_none_or(|n| *n == format!("{}-{id}", hit.subscription))
+        })
+        .collect();
+    rows.sort_by_key(|(id, _)| std::cmp::Reverse(*id));
+    let metadata = json!({"resourceVersion": rows.first().map_or(0, |(id, _)| *id).to_string()});
+    Ok(axum::Json(page(&namespace, &rows, metadata, table, Some("Dead"))).into_response())
+}
+
+/// A list's answer: a Table, or a DeliveryList whose items carry `state` when it selected
+/// by state.
+fn page(
+    namespace: &str,
+    rows: &[(i64, AttemptHit)],
+    metadata: Value,
+    as_table: bool,
+    state: Option<&str>,
+) -> Value {
+    if as_table {
+        return table(namespace, rows, metadata);
+    }
+    let items: Vec<Value> = rows
+        .iter()
+        .map(|(id, hit)| {
+            let mut object = object(namespace, *id, hit);
+            if let Some(state) = state {
+                object["state"] = state.into();
+            }
+            object
+        })
+        .collect();
+    json!({
+        "apiVersion": GROUP_VERSION,
+        "kind": "DeliveryList",
+        "metadata": metadata,
+        "items": items,
+    })
 }
 
 /// `GET .../namespaces/{namespace}/deliveries/{name}`
@@ -474,7 +559,7 @@ async fn watch(api: Api, namespace: String, options: ListOptions, table: bool) -
                 let mut lines = Vec::new();
                 for (id, hit) in &fresh {
                     let object = if table {
-                        table_json(
+                        self::table(
                             &namespace,
                             &[(*id, hit.clone())],
                             json!({"resourceVersion": id.to_string()}),
