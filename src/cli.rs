@@ -43,6 +43,105 @@ pub(crate) enum Command {
     Run(Box<RunArgs>),
     /// A small receiver for trying herald out: verifies each delivery and prints it.
     Receive(ReceiveArgs),
+    /// The kubectl plugin (`kubectl herald ...`): installed as `kubectl-herald` on PATH
+    /// (a copy or a link of this binary), it runs these over the aggregated API with the
+    /// kubeconfig's credentials.
+    #[command(subcommand)]
+    Kubectl(PluginCommand),
+}
+
+/// `kubectl herald`: exit 0 done, 1 refused (the answer says why), 2 bad usage, 3 the API
+/// server or herald unavailable.
+#[derive(Subcommand, Debug)]
+pub(crate) enum PluginCommand {
+    /// Publish an event: `kubectl herald publish -n shop --type order.created --data @order.json`.
+    /// An id published before is no error (it is reported, nothing is delivered again).
+    Publish(PublishArgs),
+    /// A subscription's attempts, newest first: `kubectl herald deliveries whsub/orders --state dead`.
+    Deliveries(DeliveriesArgs),
+    /// Deliver a subscription's dead letters again: `kubectl herald replay whsub/orders --since 1h`.
+    Replay(ReplayArgs),
+    /// Re-enable a subscription its failures (or a 410 Gone) disabled.
+    Enable(EnableArgs),
+    /// One line per subscription of the namespace: Ready, pending, dead, last status, latency.
+    Status(StatusArgs),
+}
+
+#[derive(Args, Debug, Clone)]
+pub(crate) struct PluginCommon {
+    /// The namespace (default: the kubeconfig context's).
+    #[arg(short = 'n', long)]
+    pub(crate) namespace: Option<String>,
+    /// Output: a table for people (default), or the objects as json or yaml.
+    #[arg(short = 'o', long, value_enum)]
+    pub(crate) output: Option<OutputFormat>,
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum OutputFormat {
+    Json,
+    Yaml,
+}
+
+#[derive(Args, Debug)]
+pub(crate) struct PublishArgs {
+    #[command(flatten)]
+    pub(crate) common: PluginCommon,
+    /// The event type.
+    #[arg(long = "type")]
+    pub(crate) event_type: String,
+    /// The event's data: JSON, or @FILE to read it from a file (@- for standard input).
+    #[arg(long)]
+    pub(crate) data: Option<String>,
+    /// The event id, the idempotency key (default: herald makes one).
+    #[arg(long)]
+    pub(crate) id: Option<String>,
+}
+
+#[derive(Args, Debug)]
+pub(crate) struct DeliveriesArgs {
+    #[command(flatten)]
+    pub(crate) common: PluginCommon,
+    /// The subscription: whsub/NAME (or NAME).
+    pub(crate) subscription: String,
+    /// Only attempts with this outcome: accepted, transient, terminal or gone.
+    #[arg(long)]
+    pub(crate) outcome: Option<String>,
+    /// `dead`: the last attempt of each dead letter (what `replay` sends again).
+    #[arg(long, value_parser = ["dead"])]
+    pub(crate) state: Option<String>,
+    /// At most this many (newest first).
+    #[arg(long, default_value_t = 50)]
+    pub(crate) limit: u32,
+}
+
+#[derive(Args, Debug)]
+pub(crate) struct ReplayArgs {
+    #[command(flatten)]
+    pub(crate) common: PluginCommon,
+    /// The subscription: whsub/NAME (or NAME).
+    pub(crate) subscription: String,
+    /// Only dead letters of events published this long ago or later (30m, 1h, 2d) or since
+    /// this RFC 3339 time.
+    #[arg(long)]
+    pub(crate) since: Option<String>,
+    /// Only these events (repeatable).
+    #[arg(long = "event-id")]
+    pub(crate) event_ids: Vec<String>,
+}
+
+#[derive(Args, Debug)]
+pub(crate) struct EnableArgs {
+    #[command(flatten)]
+    pub(crate) common: PluginCommon,
+    /// The subscription: whsub/NAME (or NAME).
+    pub(crate) subscription: String,
+}
+
+#[derive(Args, Debug)]
+pub(crate) struct StatusArgs {
+    #[command(flatten)]
+    pub(crate) common: PluginCommon,
 }
 
 #[derive(ValueEnum, Clone, Copy, Debug)]

@@ -1,5 +1,6 @@
 //! What each subcommand does: the offline tools (`crds`, `openapi`, `sign`, `verify`, `public-key`) here, the
-//! server (`run`) and the trial receiver (`receive`) in [`crate::run`].
+//! server (`run`) and the trial receiver (`receive`) in [`crate::run`], the kubectl plugin
+//! (`kubectl`) in [`crate::kubectl_plugin`].
 
 use std::io::Write;
 use std::process::ExitCode;
@@ -21,6 +22,7 @@ pub fn execute(cli: Cli) -> ExitCode {
         Command::PublicKey(args) => public_key(args),
         Command::Run(args) => crate::run::run(*args),
         Command::Receive(args) => crate::run::receive(args),
+        Command::Kubectl(command) => return crate::kubectl_plugin::execute(command),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -10,6 +10,7 @@ pub mod commands;
 pub mod controller;
 pub mod delivery;
 pub mod ingest;
+pub mod kubectl_plugin;
 pub mod metrics;
 pub mod run;
 pub mod signing;

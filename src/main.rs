@@ -8,7 +8,18 @@ use clap::Parser;
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() -> ExitCode {
-    herald::commands::execute(herald::cli::Cli::parse())
+    // Installed as `kubectl-herald`, kubectl runs it as its plugin: `kubectl herald publish
+    // ...` is `herald kubectl publish ...`.
+    let mut args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    let plugin = args
+        .first()
+        .and_then(|program| std::path::Path::new(program).file_name())
+        .is_some_and(|name| name == "kubectl-herald");
+    if plugin {
+        args[0] = "herald".into();
+        args.insert(1, "kubectl".into());
+    }
+    herald::commands::execute(herald::cli::Cli::parse_from(args))
 }
 
 /// No transparent huge pages for this process. mimalloc asks for them on its arenas
