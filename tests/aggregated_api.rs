@@ -362,6 +362,217 @@ async fn publish_with_kubectl_through_the_api_server() {
     kubectl_pages_through_five_thousand_attempts(&cp, &operator, &receiver).await;
     a_watch_sees_a_retry_arrive(&cp, &receiver).await;
     replays_and_enablements_are_creates(&cp, &receiver, &alice).await;
+    the_kubectl_plugin(&cp, &receiver).await;
+}
+
+/// `kubectl herald ...`: herald's binary linked as `kubectl-herald` on kubectl's PATH.
+fn plugin(
+    cp: &ControlPlane,
+    dir: &Path,
+    kubeconfig: &Path,
+    args: &[&str],
+) -> (i32, String, String) {
+    let path = format!(
+        "{}:{}",
+        dir.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let out = Command::new(cp.bin.join("kubectl"))
+        .arg("herald")
+        .args(args)
+        .env("PATH", path)
+        .env("KUBECONFIG", kubeconfig)
+        .output()
+        .expect("running kubectl herald");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).to_string(),
+        String::from_utf8_lossy(&out.stderr).to_string(),
+    )
+}
+
+/// The plugin's commands end to end, with their exit codes: 0 done, 1 refused, 2 bad
+/// usage, 3 unavailable.
+async fn the_kubectl_plugin(cp: &ControlPlane, receiver: &Receiver) {
+    let dir = support::fresh_dir("herald-plugin");
+    std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_herald"), dir.join("kubectl-herald")).unwrap();
+    let kubeconfig = cp.kubeconfig.clone();
+    let run = |args: &[&str]| plugin(cp, &dir, &kubeconfig, args);
+
+    let (code, out, err) = run(&[
+        "publish",
+        "-n",
+        "shop",
+        "--type",
+        "order.created",
+        "--data",
+        r#"{"n": 1}"#,
+        "--id",
+        "plug-1",
+    ]);
+    assert_eq!(code, 0, "publish: {out}{err}");
+    assert!(
+        out.contains("webhookevent/plug-1 published in shop: 1 deliveries"),
+        "{out}"
+    );
+    receiver
+        .wait_until("plug-1 delivered", Duration::from_secs(30), |hits| {
+            hits.iter().any(|h| h.header("webhook-id") == "plug-1")
+        })
+        .await;
+    let (code, out, _) = run(&[
+        "publish",
+        "-n",
+        "shop",
+        "--type",
+        "order.created",
+        "--id",
+        "plug-1",
+    ]);
+    assert_eq!(code, 0);
+    assert!(out.contains("published before"), "{out}");
+    let data = dir.join("order.json");
+    std::fs::write(&data, r#"{"order": 7}"#).unwrap();
+    let (code, out, err) = run(&[
+        "publish",
+        "-n",
+        "shop",
+        "--type",
+        "order.created",
+        "--data",
+        &format!("@{}", data.display()),
+        "-o",
+        "json",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let published: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(published["spec"]["data"]["order"], 7);
+    assert!(
+        published["metadata"]["name"]
+            .as_str()
+            .unwrap()
+            .starts_with("evt-")
+    );
+    let (code, _, err) = run(&["publish", "-n", "shop", "--type", "order created!"]);
+    assert_eq!(code, 1, "an invalid type is refused: {err}");
+    assert!(err.contains("BadRequest"), "{err}");
+
+    let (code, out, err) = run(&[
+        "deliveries",
+        "whsub/orders",
+        "-n",
+        "shop",
+        "--limit",
+        "3",
+        "-o",
+        "json",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let list: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(list["items"].as_array().unwrap().len(), 3);
+    let (code, out, _) = run(&[
+        "deliveries",
+        "whsub/gone",
+        "-n",
+        "shop",
+        "--outcome",
+        "gone",
+    ]);
+    assert_eq!(code, 0);
+    assert!(
+        out.starts_with("TIME") && out.contains("closed-1") && out.contains("410"),
+        "{out}"
+    );
+
+    let (code, out, err) = run(&["status", "-n", "shop"]);
+    assert_eq!(code, 0, "{err}");
+    let orders = out
+        .lines()
+        .find(|l| l.starts_with("orders "))
+        .unwrap_or_else(|| panic!("{out}"));
+    assert!(
+        orders.contains("True Active") && orders.contains("204"),
+        "{out}"
+    );
+    assert!(out.lines().any(|l| l.starts_with("gone ")), "{out}");
+
+    let (code, out, err) = run(&["status", "-n", "shop", "-o", "yaml"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.contains("namespace: shop") && out.contains("name: orders"),
+        "{out}"
+    );
+
+    // A dead letter of its own: listed with --state dead, then enable and replay.
+    receiver.set("/gone", support::receiver::Behaviour::Status(410));
+    let (code, _, err) = run(&[
+        "publish",
+        "-n",
+        "shop",
+        "--type",
+        "account.closed",
+        "--id",
+        "plug-gone",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let end = Instant::now() + Duration::from_secs(30);
+    loop {
+        let (code, out, err) = run(&["deliveries", "whsub/gone", "-n", "shop", "--state", "dead"]);
+        assert_eq!(code, 0, "{err}");
+        if out.contains("plug-gone") {
+            assert!(out.contains("410"), "{out}");
+            break;
+        }
+        assert!(Instant::now() < end, "plug-gone never dead: {out}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    receiver.set("/gone", support::receiver::Behaviour::Status(204));
+    let (code, out, err) = run(&["enable", "whsub/gone", "-n", "shop"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("whsub/gone enabled"), "{out}");
+    let (code, out, err) = run(&["replay", "whsub/gone", "-n", "shop", "--since", "1h"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("1 dead letters due again"), "{out}");
+    receiver
+        .wait_until(
+            "plug-gone delivered again",
+            Duration::from_secs(30),
+            |hits| {
+                hits.iter()
+                    .any(|h| h.header("webhook-id") == "plug-gone" && h.answered == Some(204))
+            },
+        )
+        .await;
+    let (code, out, _) = run(&["deliveries", "whsub/gone", "-n", "shop", "--state", "dead"]);
+    assert_eq!(code, 0);
+    assert!(!out.contains("plug-gone"), "replayed and delivered: {out}");
+    let (code, _, err) = run(&[
+        "deliveries",
+        "whsub/gone",
+        "-n",
+        "shop",
+        "--state",
+        "pending",
+    ]);
+    assert_eq!(code, 2, "{err}");
+    let (code, _, err) = run(&["replay", "whsub/missing", "-n", "shop"]);
+    assert_eq!(code, 1, "an unknown subscription is refused: {err}");
+
+    let (code, _, err) = run(&["replay", "pod/orders", "-n", "shop"]);
+    assert_eq!(code, 2, "{err}");
+    let (code, _, err) = run(&["publish", "-n", "shop"]);
+    assert_eq!(code, 2, "no --type: {err}");
+    // An API server that does not answer.
+    let dead = dir.join("dead-kubeconfig");
+    let text = std::fs::read_to_string(&kubeconfig).unwrap();
+    let server = text
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("server: "))
+        .unwrap()
+        .to_string();
+    std::fs::write(&dead, text.replace(&server, "https://127.0.0.1:9")).unwrap();
+    let (code, _, err) = plugin(cp, &dir, &dead, &["status", "-n", "shop"]);
+    assert_eq!(code, 3, "{err}");
 }
 
 /// A receiver's 410 Gone disables its subscription and dead-letters the event; an
@@ -407,6 +618,41 @@ async fn replays_and_enablements_are_creates(
         assert!(Instant::now() < end, "no Gone attempt");
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+    // The dead letter, by its last attempt: listed with state=dead, and found by name.
+    let dead: Value = serde_json::from_str(&cp.kubectl_ok(&[
+        "get",
+        "deliveries",
+        "-n",
+        "shop",
+        "--field-selector",
+        "subscription=gone,state=dead",
+        "-o",
+        "json",
+    ]))
+    .unwrap();
+    let letters = dead["items"].as_array().unwrap();
+    assert_eq!(letters.len(), 1, "{dead}");
+    assert_eq!(letters[0]["eventId"], "closed-1");
+    assert_eq!(letters[0]["state"], "Dead");
+    assert_eq!(letters[0]["outcome"], "Gone");
+    let name = letters[0]["metadata"]["name"].as_str().unwrap();
+    assert!(
+        cp.kubectl_ok(&["get", "deliveries", "-n", "shop", name, "-o", "name"])
+            .contains(name)
+    );
+    let refused = cp.kubectl(&[
+        "get",
+        "deliveries",
+        "-n",
+        "shop",
+        "--field-selector",
+        "state=dead",
+    ]);
+    let err = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        !refused.status.success() && err.contains("add subscription=NAME"),
+        "{err}"
+    );
     receiver.set("/gone", support::receiver::Behaviour::Status(204));
     let enablement = "apiVersion: delivery.herald.dev/v1alpha1\nkind: Enablement\nmetadata: {generateName: gone-}\nspec: {subscription: gone}\n";
     let replay = "apiVersion: delivery.herald.dev/v1alpha1\nkind: Replay\nmetadata: {generateName: gone-}\nspec: {subscription: gone}\n";
