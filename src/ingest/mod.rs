@@ -592,30 +592,63 @@ async fn publish_batch(
             format!("the body must be {{\"events\": [event, ...]}}: {e}"),
         )
     })?;
-    if request.events.is_empty() || request.events.len() > MAX_BATCH {
+    let results = publish_each(&api.engine, &namespace, &request.events, api.max_body).await?;
+    Ok(Json(openapi::BatchPublished { results }))
+}
+
+impl From<ApiError> for openapi::BatchResult {
+    fn from(e: ApiError) -> Self {
+        openapi::BatchResult::Refused {
+            status: e.status.as_u16(),
+            error: openapi::ErrorDetail {
+                code: e.code.to_string(),
+                message: e.message,
+            },
+        }
+    }
+}
+
+/// A batch's events checked one by one (1 to [`MAX_BATCH`] of them, each at most
+/// `max_body`): the request each makes, or why it is refused alone.
+pub(crate) fn decode_each(
+    raw_events: &[Box<RawValue>],
+    max_body: usize,
+) -> Result<Vec<Result<PublishRequest, ApiError>>, ApiError> {
+    if raw_events.is_empty() || raw_events.len() > MAX_BATCH {
         return Err(bad_request(
             "invalid_batch",
             format!(
                 "a batch has 1 to {MAX_BATCH} events, not {}",
-                request.events.len()
+                raw_events.len()
             ),
         ));
     }
     // Each event decoded on its own: one that is not valid is refused alone.
-    let decoded: Vec<Result<PublishRequest, ApiError>> = request
-        .events
+    Ok(raw_events
         .iter()
         .map(|raw| {
-            if raw.get().len() > api.max_body {
+            if raw.get().len() > max_body {
                 return Err(ApiError::new(
                     StatusCode::PAYLOAD_TOO_LARGE,
                     "body_too_large",
-                    format!("the event is larger than {} bytes", api.max_body),
+                    format!("the event is larger than {} bytes", max_body),
                 ));
             }
             decode_event(raw.get().as_bytes())
         })
-        .collect();
+        .collect::<Vec<_>>())
+}
+
+/// A batch's events published in one store transaction, with a result per event in the
+/// given order; shared by the ingest API's `POST .../events/batch` and the aggregated API's
+/// WebhookEventBatch. An event that is not valid, or that a quota refuses, is refused alone.
+pub(crate) async fn publish_each(
+    engine: &Arc<Engine>,
+    namespace: &str,
+    raw_events: &[Box<RawValue>],
+    max_body: usize,
+) -> Result<Vec<openapi::BatchResult>, ApiError> {
+    let decoded = decode_each(raw_events, max_body)?;
     let null = RawValue::NULL;
     let events: Vec<BatchEvent> = decoded
         .iter()
@@ -626,12 +659,8 @@ async fn publish_batch(
             origin: Origin::default(),
             data: event.data.as_deref().unwrap_or(null),
         })
-        .collect();
-    let mut published = api
-        .engine
-        .publish_batch(&namespace, events)
-        .await?
-        .into_iter();
+        .collect::<Vec<_>>();
+    let mut published = engine.publish_batch(namespace, events).await?.into_iter();
     let results = decoded
         .into_iter()
         .map(|d| {
@@ -653,17 +682,11 @@ async fn publish_batch(
                     matched: result.matched,
                     duplicate: result.duplicate,
                 },
-                Err(e) => openapi::BatchResult::Refused {
-                    status: e.status.as_u16(),
-                    error: openapi::ErrorDetail {
-                        code: e.code.to_string(),
-                        message: e.message,
-                    },
-                },
+                Err(e) => e.into(),
             }
         })
-        .collect();
-    Ok(Json(openapi::BatchPublished { results }))
+        .collect::<Vec<_>>();
+    Ok(results)
 }
 
 #[derive(Deserialize, IntoParams)]
