@@ -45,6 +45,13 @@ pub async fn resources() -> Json<Value> {
             "shortNames": ["whevent"],
             "categories": ["herald"],
         }, {
+            "name": "webhookeventbatches",
+            "singularName": "webhookeventbatch",
+            "namespaced": true,
+            "kind": "WebhookEventBatch",
+            "verbs": ["create"],
+            "categories": ["herald"],
+        }, {
             "name": "deliveries",
             "singularName": "delivery",
             "namespaced": true,
@@ -102,6 +109,48 @@ fn webhook_event_schema() -> Value {
     })
 }
 
+fn webhook_event_batch_schema() -> Value {
+    json!({
+        "type": "object",
+        "description": "Up to 1,000 events published together: stored in one transaction and answered once it commits, with a result per event. Not kept, and the events are not echoed back: status.results names them.",
+        "required": ["spec"],
+        "properties": {
+            "apiVersion": {"type": "string", "description": "delivery.herald.dev/v1alpha1"},
+            "kind": {"type": "string", "description": "WebhookEventBatch"},
+            "metadata": {"type": "object", "x-kubernetes-preserve-unknown-fields": true},
+            "spec": {
+                "type": "object",
+                "required": ["events"],
+                "properties": {
+                    "events": {
+                        "type": "array",
+                        "description": "1 to 1,000 events, each as POST .../events takes it. One that is not valid, or that a quota refuses, is refused alone.",
+                        "items": {
+                            "type": "object",
+                            "required": ["type"],
+                            "properties": {
+                                "id": {"type": "string", "description": "The event id, the idempotency key (herald makes one when absent)."},
+                                "type": {"type": "string", "description": "The event type: 1-253 characters of letters, digits and _ . : / -"},
+                                "data": {"description": "Any JSON value.", "x-kubernetes-preserve-unknown-fields": true},
+                            },
+                        },
+                    },
+                },
+            },
+            "status": {
+                "type": "object",
+                "description": "Written by herald in the answer to the create.",
+                "properties": {
+                    "accepted": {"type": "integer", "description": "Events stored now."},
+                    "duplicates": {"type": "integer", "description": "Ids published before: nothing is delivered again."},
+                    "refused": {"type": "integer", "description": "Events refused alone."},
+                    "results": {"type": "array", "description": "Per event, in order: {id, matched, duplicate}, or {status, error: {code, message}}.", "items": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}},
+                },
+            },
+        },
+    })
+}
+
 fn replay_schema() -> Value {
     json!({
         "type": "object",
@@ -146,9 +195,14 @@ fn enablement_schema() -> Value {
 }
 
 /// The kinds clients create: (kind, plural, schema).
-fn created_kinds() -> [(&'static str, &'static str, Value); 3] {
+fn created_kinds() -> [(&'static str, &'static str, Value); 4] {
     [
         ("WebhookEvent", "webhookevents", webhook_event_schema()),
+        (
+            "WebhookEventBatch",
+            "webhookeventbatches",
+            webhook_event_batch_schema(),
+        ),
         ("Replay", "replays", replay_schema()),
         ("Enablement", "enablements", enablement_schema()),
     ]

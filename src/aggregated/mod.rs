@@ -8,7 +8,7 @@
 //!   and it names the caller.
 //! - [`discovery`]: the group, its version and resources, as `kubectl api-resources` reads
 //!   them.
-//! - [`webhookevents`]: `create` publishes.
+//! - [`webhookevents`]: `create` publishes (one event, or a batch of up to 1,000).
 //! - [`replays`]: replaying dead letters and re-enabling a subscription, as creates.
 //! - [`deliveries`]: the attempt log, listed (as a table for kubectl), paged and watched.
 //!
@@ -59,6 +59,14 @@ pub fn router(api: Api) -> Router {
         )
         .route(
             "/apis/delivery.herald.dev/v1alpha1/namespaces/{namespace}/webhookevents/{name}",
+            any(write_once),
+        )
+        .route(
+            "/apis/delivery.herald.dev/v1alpha1/namespaces/{namespace}/webhookeventbatches",
+            post(webhookevents::create_batch),
+        )
+        .route(
+            "/apis/delivery.herald.dev/v1alpha1/namespaces/{namespace}/webhookeventbatches/{name}",
             any(write_once),
         )
         .route(

@@ -12,6 +12,20 @@
 //! delivers nothing again and is answered 409 `AlreadyExists`, as any Kubernetes create of
 //! an existing name is. Without a name (or with `generateName`) herald makes one. The
 //! answer is the object with `status.matched`, the deliveries the event got.
+//!
+//! `webhookeventbatches`: up to 1,000 events in one create, stored in one transaction and
+//! answered together once it commits, as `POST .../events/batch`, with a result per event
+//! in `status.results` (accepted, a repeated id's first answer, or refused on its own).
+//!
+//! ```yaml
+//! apiVersion: delivery.herald.dev/v1alpha1
+//! kind: WebhookEventBatch
+//! metadata: {generateName: orders-}
+//! spec:
+//!   events:
+//!   - {id: evt-1, type: order.created, data: {order: 42}}
+//!   - {type: order.paid}
+//! ```
 
 use axum::body::Body;
 use axum::extract::{Extension, Path, Query, State};
@@ -24,7 +38,8 @@ use serde_json::value::RawValue;
 use super::front_proxy::Identity;
 use super::{Api, GROUP, GROUP_VERSION, Refused, bad_request, created, status};
 use crate::delivery::engine::Origin;
-use crate::ingest::{ApiError, PublishRequest, body_error, checked};
+use crate::ingest::openapi::BatchResult;
+use crate::ingest::{ApiError, PublishRequest, body_error, checked, decode_each, publish_each};
 
 /// Room for the object around the event's data (apiVersion, kind, metadata, spec).
 const ENVELOPE_ROOM: usize = 64 * 1024;
@@ -123,6 +138,76 @@ pub async fn create(
     tracing::debug!(namespace, user = %identity.user, id = %result.event_id, "published through the aggregated API");
     let mut answer = object(&result.event_id);
     answer["status"] = json!({"matched": result.matched});
+    Ok((StatusCode::CREATED, axum::Json(answer)).into_response())
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct BatchSpec {
+    /// Each as `POST .../events` takes it: `{id?, type, data?}`.
+    events: Vec<Box<RawValue>>,
+}
+
+/// `POST /apis/delivery.herald.dev/v1alpha1/namespaces/{namespace}/webhookeventbatches`
+pub async fn create_batch(
+    State(api): State<Api>,
+    Path(namespace): Path<String>,
+    Query(options): Query<Vec<(String, String)>>,
+    Extension(identity): Extension<Identity>,
+    body: Body,
+) -> Result<Response, Refused> {
+    let dry_run = match dry_run_values(&options)?.as_slice() {
+        [] => false,
+        ["All"] => true,
+        _ => return Err(bad_request("dryRun may only be \"All\"")),
+    };
+    let limit = api.max_body.saturating_mul(8);
+    let too_large = ApiError::new(
+        StatusCode::PAYLOAD_TOO_LARGE,
+        "body_too_large",
+        format!("a batch is at most {limit} bytes"),
+    );
+    let bytes = axum::body::to_bytes(body, limit.saturating_add(ENVELOPE_ROOM))
+        .await
+        .map_err(|e| Refused::from(body_error(e, too_large)))?;
+    let batch = created::<BatchSpec>(&bytes, "WebhookEventBatch", &namespace)?;
+    // Not kept: the name only labels the answer (and the audit log's line).
+    let name = match (batch.metadata.name, batch.metadata.generate_name) {
+        (Some(name), _) => name,
+        (None, prefix) => format!("{}{}", prefix.as_deref().unwrap_or("batch-"), suffix()),
+    };
+    let results: Vec<serde_json::Value> = if dry_run {
+        decode_each(&batch.spec.events, api.max_body)
+            .map_err(Refused::from)?
+            .into_iter()
+            .map(|checked| match checked {
+                Ok(request) => json!({"id": request.id, "valid": true}),
+                Err(e) => json!(BatchResult::from(e)),
+            })
+            .collect()
+    } else {
+        publish_each(&api.engine, &namespace, &batch.spec.events, api.max_body)
+            .await
+            .map_err(Refused::from)?
+            .into_iter()
+            .map(|result| json!(result))
+            .collect()
+    };
+    let count = |f: &dyn Fn(&serde_json::Value) -> bool| results.iter().filter(|r| f(r)).count();
+    let status = json!({
+        "accepted": count(&|r| r["duplicate"] == false),
+        "duplicates": count(&|r| r["duplicate"] == true),
+        "refused": count(&|r| r.get("error").is_some()),
+        "results": results,
+    });
+    tracing::debug!(namespace, user = %identity.user, events = batch.spec.events.len(), dry_run, "a batch through the aggregated API");
+    // The events are not echoed back (up to 1,000 of them): the results name them.
+    let answer = json!({
+        "apiVersion": GROUP_VERSION,
+        "kind": "WebhookEventBatch",
+        "metadata": {"name": name, "namespace": namespace, "creationTimestamp": now()},
+        "status": status,
+    });
     Ok((StatusCode::CREATED, axum::Json(answer)).into_response())
 }
 
