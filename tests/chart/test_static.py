@@ -524,7 +524,8 @@ def test_tenant_roles_aggregate_into_edit_and_view_and_never_write_quotas():
                                       for v in ("get", "list", "watch")} | attempts
     # Publishing through herald's direct API and through the aggregated API (kubectl create).
     assert triples(publisher["rules"]) == {("herald.dev", "webhookevents", "create"),
-                                           ("delivery.herald.dev", "webhookevents", "create")}
+                                           ("delivery.herald.dev", "webhookevents", "create"),
+                                           ("delivery.herald.dev", "webhookeventbatches", "create")}
     names = {o["metadata"]["name"] for o in render("--set", "rbac.tenantRoles=false")
              if o["kind"] == "ClusterRole"}
     assert names == {"herald"}
