@@ -148,7 +148,7 @@ fn publisher_role() -> Vec<Value> {
     vec![
         json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
                "metadata": {"name": "publisher", "namespace": "shop"},
-               "rules": [{"apiGroups": ["delivery.herald.dev"], "resources": ["webhookevents"], "verbs": ["create"]},
+               "rules": [{"apiGroups": ["delivery.herald.dev"], "resources": ["webhookevents", "webhookeventbatches"], "verbs": ["create"]},
                          {"apiGroups": ["herald.dev"], "resources": ["webhookevents"], "verbs": ["create"]}]}),
         json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
                "metadata": {"name": "publisher", "namespace": "shop"},
@@ -223,7 +223,7 @@ async fn publish_with_kubectl_through_the_api_server() {
     );
     assert_eq!(
         resources.trim(),
-        "deliveries.delivery.herald.dev\nenablements.delivery.herald.dev\nreplays.delivery.herald.dev\nwebhookevents.delivery.herald.dev"
+        "deliveries.delivery.herald.dev\nenablements.delivery.herald.dev\nreplays.delivery.herald.dev\nwebhookeventbatches.delivery.herald.dev\nwebhookevents.delivery.herald.dev"
     );
     let explained = cp.kubectl_eventually(
         &[
@@ -329,6 +329,39 @@ async fn publish_with_kubectl_through_the_api_server() {
         "an invalid type: {}",
         String::from_utf8_lossy(&invalid.stderr)
     );
+    // A batch checked without publishing: each event's result, the invalid one refused alone.
+    let dry_batch = kubectl_as(
+        &cp,
+        &alice,
+        &[
+            "create",
+            "-n",
+            "shop",
+            "--dry-run=server",
+            "-f",
+            "-",
+            "-o",
+            "json",
+        ],
+        &json!({"apiVersion": "delivery.herald.dev/v1alpha1", "kind": "WebhookEventBatch",
+                "metadata": {"generateName": "dry-"},
+                "spec": {"events": [{"id": "evt-5", "type": "order.created"},
+                                    {"type": "order created!"}]}})
+        .to_string(),
+    );
+    assert!(
+        dry_batch.status.success(),
+        "{}",
+        String::from_utf8_lossy(&dry_batch.stderr)
+    );
+    let dry_batch: Value = serde_json::from_slice(&dry_batch.stdout).unwrap();
+    assert_eq!(dry_batch["status"]["accepted"], 0, "{dry_batch}");
+    assert_eq!(dry_batch["status"]["refused"], 1, "{dry_batch}");
+    assert_eq!(dry_batch["status"]["results"][0]["id"], "evt-5");
+    assert_eq!(
+        dry_batch["status"]["results"][1]["error"]["code"],
+        "invalid_type"
+    );
     assert_eq!(
         operator.metric("herald_events_published_total", "").await,
         1.0
@@ -359,7 +392,7 @@ async fn publish_with_kubectl_through_the_api_server() {
 
     refuses_all_but_the_front_proxy(&cp, &aggregated, &ca).await;
     throughput_against_the_direct_api(&cp, &operator).await;
-    kubectl_pages_through_five_thousand_attempts(&cp, &operator, &receiver).await;
+    kubectl_pages_through_five_thousand_attempts(&cp, &operator, &receiver, &alice).await;
     a_watch_sees_a_retry_arrive(&cp, &receiver).await;
     replays_and_enablements_are_creates(&cp, &receiver, &alice).await;
     the_kubectl_plugin(&cp, &receiver).await;
@@ -687,15 +720,75 @@ async fn replays_and_enablements_are_creates(
         .await;
 }
 
-/// `kubectl get deliveries` reads the attempt log a page at a time (`--chunk-size`) and
-/// prints it as a table; a field selector narrows it.
+/// A WebhookEventBatch of 1,000 is one commit; then `kubectl get deliveries` reads the
+/// attempt log a page at a time (`--chunk-size`) and prints it as a table; a field
+/// selector narrows it.
 async fn kubectl_pages_through_five_thousand_attempts(
     cp: &ControlPlane,
     operator: &Operator,
     receiver: &Receiver,
+    alice: &(PathBuf, PathBuf),
 ) {
+    // The first thousand as one WebhookEventBatch through the API server: one commit.
+    let commits = || {
+        operator.metric(
+            "herald_store_operation_duration_seconds_count",
+            "operation=\"publish_batch\"",
+        )
+    };
+    let (batches_before, single_before) = (
+        commits().await,
+        operator
+            .metric(
+                "herald_store_operation_duration_seconds_count",
+                "operation=\"publish\"",
+            )
+            .await,
+    );
+    let events: Vec<Value> = (0..1000)
+        .map(|n| json!({"id": format!("page-0-{n}"), "type": "order.created", "data": {"n": n}}))
+        .collect();
+    let created = kubectl_as(
+        cp,
+        alice,
+        &["create", "-n", "shop", "-f", "-", "-o", "json"],
+        &json!({"apiVersion": "delivery.herald.dev/v1alpha1", "kind": "WebhookEventBatch",
+                "metadata": {"generateName": "page-"}, "spec": {"events": events}})
+        .to_string(),
+    );
+    assert!(
+        created.status.success(),
+        "{}",
+        String::from_utf8_lossy(&created.stderr)
+    );
+    let created: Value = serde_json::from_slice(&created.stdout).unwrap();
+    assert_eq!(
+        created["status"]["accepted"], 1000,
+        "{}",
+        created["status"]["refused"]
+    );
+    let results = created["status"]["results"].as_array().unwrap();
+    assert_eq!(results.len(), 1000);
+    assert_eq!(
+        results[999],
+        json!({"id": "page-0-999", "matched": 1, "duplicate": false})
+    );
+    assert_eq!(
+        commits().await - batches_before,
+        1.0,
+        "a batch of 1,000 is one commit"
+    );
+    assert_eq!(
+        operator
+            .metric(
+                "herald_store_operation_duration_seconds_count",
+                "operation=\"publish\""
+            )
+            .await,
+        single_before
+    );
     let token = cp.token("shop", "producer");
-    for batch in 0..5 {
+    for batch in 1..5 {
         let events: Vec<Value> = (0..1000)
             .map(|n| json!({"id": format!("page-{batch}-{n}"), "type": "order.created"}))
             .collect();
