@@ -30,10 +30,13 @@ enum Failure {
 impl From<kube::Error> for Failure {
     fn from(e: kube::Error) -> Self {
         match e {
-            kube::Error::Api(status) if status.code < 500 => Failure::Refused(format!(
-                "Error from server ({}): {}",
-                status.reason, status.message
-            )),
+            // Busy (429) is worth trying again later, as unavailable is.
+            kube::Error::Api(status) if status.code < 500 && status.code != 429 => {
+                Failure::Refused(format!(
+                    "Error from server ({}): {}",
+                    status.reason, status.message
+                ))
+            }
             other => Failure::Unavailable(format!("{other}")),
         }
     }
@@ -71,8 +74,14 @@ pub(crate) fn execute(command: PluginCommand) -> ExitCode {
 /// A client from the kubeconfig (KUBECONFIG, ~/.kube/config, or in-cluster) and the
 /// namespace to use.
 async fn client(common: &PluginCommon) -> Result<(kube::Client, String), Failure> {
-    let client = kube::Client::try_default()
+    let mut config = kube::Config::infer()
         .await
+        .map_err(|e| Failure::Unavailable(format!("no usable kubeconfig: {e}")))?;
+    // One try, answered within a minute: kube's default retries a 503 (herald down behind
+    // the API server) for minutes; a script gets exit 3 at once and decides itself.
+    config.default_retry = false;
+    config.read_timeout = Some(std::time::Duration::from_secs(60));
+    let client = kube::Client::try_from(config)
         .map_err(|e| Failure::Unavailable(format!("no usable kubeconfig: {e}")))?;
     let namespace = common
         .namespace
@@ -83,6 +92,31 @@ async fn client(common: &PluginCommon) -> Result<(kube::Client, String), Failure
 
 fn resource(kind: &str, plural: &str) -> ApiResource {
     ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk(GROUP, VERSION, kind), plural)
+}
+
+/// Runs `call`, and again after the server's `retryAfterSeconds` while it answers 429
+/// (herald's read budget, the API server's priority and fairness): nothing was done then.
+/// At most five waits of at most ten seconds each; then the 429 is the answer (exit 3).
+async fn patiently<T, F, Fut>(mut call: F) -> Result<T, kube::Error>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, kube::Error>>,
+{
+    let mut waits = 0;
+    loop {
+        match call().await {
+            Err(kube::Error::Api(status)) if status.code == 429 && waits < 5 => {
+                waits += 1;
+                let seconds = status
+                    .details
+                    .as_ref()
+                    .map_or(1, |d| d.retry_after_seconds)
+                    .clamp(1, 10);
+                tokio::time::sleep(std::time::Duration::from_secs(seconds.into())).await;
+            }
+            answer => return answer,
+        }
+    }
 }
 
 /// `whsub/orders`, `webhooksubscription/orders` or `orders`.
@@ -175,7 +209,8 @@ async fn run(command: PluginCommand) -> Result<(), Failure> {
                 object.metadata.generate_name = Some("evt-".into());
             }
             object.data = json!({"spec": {"type": args.event_type, "data": data}});
-            match events.create(&PostParams::default(), &object).await {
+            let post = PostParams::default();
+            match patiently(|| events.create(&post, &object)).await {
                 Ok(created) => match args.common.output {
                     Some(output) => {
                         print(output, &serde_json::to_value(&created).unwrap_or_default())
@@ -212,13 +247,10 @@ async fn run(command: PluginCommand) -> Result<(), Failure> {
             let (client, namespace) = client(&args.common).await?;
             let deliveries: Api<DynamicObject> =
                 Api::namespaced_with(client, &namespace, &resource("Delivery", "deliveries"));
-            let list = deliveries
-                .list(
-                    &ListParams::default()
-                        .fields(&fields)
-                        .limit(args.limit.clamp(1, 1000)),
-                )
-                .await?;
+            let params = ListParams::default()
+                .fields(&fields)
+                .limit(args.limit.clamp(1, 1000));
+            let list = patiently(|| deliveries.list(&params)).await?;
             if let Some(output) = args.common.output {
                 let items: Vec<Value> = list
                     .items
@@ -276,7 +308,8 @@ async fn run(command: PluginCommand) -> Result<(), Failure> {
                 spec["eventIds"] = json!(args.event_ids);
             }
             object.data = json!({"spec": spec});
-            let created = replays.create(&PostParams::default(), &object).await?;
+            let post = PostParams::default();
+            let created = patiently(|| replays.create(&post, &object)).await?;
             match args.common.output {
                 Some(output) => print(output, &serde_json::to_value(&created).unwrap_or_default()),
                 None => {
@@ -296,7 +329,8 @@ async fn run(command: PluginCommand) -> Result<(), Failure> {
             object.metadata.name = None;
             object.metadata.generate_name = Some(format!("{subscription}-"));
             object.data = json!({"spec": {"subscription": subscription}});
-            let created = enablements.create(&PostParams::default(), &object).await?;
+            let post = PostParams::default();
+            let created = patiently(|| enablements.create(&post, &object)).await?;
             match args.common.output {
                 Some(output) => print(output, &serde_json::to_value(&created).unwrap_or_default()),
                 None => {
@@ -308,7 +342,8 @@ async fn run(command: PluginCommand) -> Result<(), Failure> {
         PluginCommand::Status(args) => {
             let (client, namespace) = client(&args.common).await?;
             let subscriptions: Api<WebhookSubscription> = Api::namespaced(client, &namespace);
-            let list = subscriptions.list(&ListParams::default()).await?;
+            let all = ListParams::default();
+            let list = patiently(|| subscriptions.list(&all)).await?;
             if let Some(output) = args.common.output {
                 let items: Vec<Value> = list
                     .items

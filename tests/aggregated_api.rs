@@ -181,7 +181,7 @@ async fn publish_with_kubectl_through_the_api_server() {
     let cert = files.write("serving.crt", &serving.cert_pem);
     let key = files.write("serving.key", &serving.key_pem);
     let address = host_address();
-    let operator = Operator::start(
+    let mut operator = Operator::start(
         &cp,
         &[
             "--aggregated-listen",
@@ -396,6 +396,37 @@ async fn publish_with_kubectl_through_the_api_server() {
     a_watch_sees_a_retry_arrive(&cp, &receiver).await;
     replays_and_enablements_are_creates(&cp, &receiver, &alice).await;
     the_kubectl_plugin(&cp, &receiver).await;
+    herald_down_is_503_for_its_group_only(&cp, &mut operator);
+}
+
+/// herald stopped: the API server answers 503 for delivery.herald.dev (the plugin exits 3),
+/// and everything else, herald's CRDs included, answers as before.
+fn herald_down_is_503_for_its_group_only(cp: &ControlPlane, operator: &mut Operator) {
+    operator.kill();
+    let refused = cp.kubectl_stdin_output(&["create", "-f", "-"], &event_yaml("evt-down", 9));
+    let err = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        !refused.status.success() && err.contains("ServiceUnavailable"),
+        "{err}"
+    );
+    let dir = support::fresh_dir("herald-plugin-down");
+    std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_herald"), dir.join("kubectl-herald")).unwrap();
+    let (code, _, err) = plugin(
+        cp,
+        &dir,
+        &cp.kubeconfig,
+        &["publish", "-n", "shop", "--type", "order.created"],
+    );
+    assert_eq!(code, 3, "{err}");
+    assert!(err.contains("503"), "{err}");
+    assert!(
+        cp.kubectl_ok(&["get", "whsub", "-n", "shop", "-o", "name"])
+            .contains("webhooksubscription.herald.dev/orders")
+    );
+    assert!(
+        cp.kubectl_ok(&["get", "namespaces", "-o", "name"])
+            .contains("namespace/shop")
+    );
 }
 
 /// `kubectl herald ...`: herald's binary linked as `kubectl-herald` on kubectl's PATH.
