@@ -300,6 +300,10 @@ async fn kube_clients(args: &RunArgs) -> anyhow::Result<(kube::Client, kube::Cli
     requests.reset_reader_on_write = true;
     requests.write_timeout = requests.write_timeout.or(Some(API_REQUEST_TIMEOUT));
     requests.connect_timeout = requests.connect_timeout.or(Some(API_REQUEST_TIMEOUT));
+    // kube retries a 429, 503 or 504 by itself up to 15 times with a backoff of up to
+    // 1,000 s, past any per-request bound; herald's callers retry on their own terms (a
+    // publish's review answers 503 at once, a reconcile is requeued).
+    requests.default_retry = false;
     Ok((kube::Client::try_from(requests)?, watches))
 }
 
