@@ -75,123 +75,114 @@ pub async fn resources() -> Json<Value> {
     }))
 }
 
-/// The WebhookEvent's schema, as `kubectl explain` shows it.
-fn webhook_event_schema() -> Value {
+/// A created kind's schema, as `kubectl explain` shows it: the envelope every kind of the
+/// group shares around its `spec` and `status`.
+fn kind_schema(kind: &str, description: &str, spec: Value, status: Value) -> Value {
     json!({
         "type": "object",
-        "description": "An event to deliver: creating one publishes it to every WebhookSubscription of its namespace whose eventTypes match, signed, with retries. Acknowledged once stored; creating a name the namespace published before is refused AlreadyExists and delivers nothing again.",
+        "description": description,
         "required": ["spec"],
         "properties": {
-            "apiVersion": {"type": "string", "description": "delivery.herald.dev/v1alpha1"},
-            "kind": {"type": "string", "description": "WebhookEvent"},
+            "apiVersion": {"type": "string", "description": GROUP_VERSION},
+            "kind": {"type": "string", "description": kind},
             "metadata": {
                 "type": "object",
-                "description": "name is the event id, the idempotency key (1-255 visible ASCII characters); generateName, a prefix herald completes; namespace, where it is published.",
+                "description": "name (or generateName, a prefix herald completes) and namespace.",
                 "x-kubernetes-preserve-unknown-fields": true,
             },
-            "spec": {
-                "type": "object",
-                "description": "What happened.",
-                "required": ["type"],
-                "properties": {
-                    "type": {"type": "string", "description": "The event type subscriptions choose events by: 1-253 characters of letters, digits and _ . : / -"},
-                    "data": {"description": "Any JSON value, delivered to receivers as written.", "x-kubernetes-preserve-unknown-fields": true},
-                },
-            },
-            "status": {
-                "type": "object",
-                "description": "Written by herald in the answer to the create.",
-                "properties": {
-                    "matched": {"type": "integer", "format": "int32", "description": "The deliveries the event got: one per matching subscription."},
-                },
-            },
+            "spec": spec,
+            "status": status,
         },
     })
+}
+
+/// An event as the ingest API takes it (`spec` of a WebhookEvent, each of a batch's).
+fn event_properties() -> Value {
+    json!({
+        "type": {"type": "string", "description": "The event type subscriptions choose events by: 1-253 characters of letters, digits and _ . : / -"},
+        "data": {"description": "Any JSON value, delivered to receivers as written.", "x-kubernetes-preserve-unknown-fields": true},
+    })
+}
+
+fn webhook_event_schema() -> Value {
+    kind_schema(
+        "WebhookEvent",
+        "An event to deliver: creating one publishes it to every WebhookSubscription of its namespace whose eventTypes match, signed, with retries. Acknowledged once stored. The name is the event id, the idempotency key (1-255 visible ASCII characters): creating a name the namespace published before is refused AlreadyExists and delivers nothing again.",
+        json!({
+            "type": "object",
+            "description": "What happened.",
+            "required": ["type"],
+            "properties": event_properties(),
+        }),
+        json!({
+            "type": "object",
+            "description": "Written by herald in the answer to the create.",
+            "properties": {
+                "matched": {"type": "integer", "format": "int32", "description": "The deliveries the event got: one per matching subscription."},
+            },
+        }),
+    )
 }
 
 fn webhook_event_batch_schema() -> Value {
-    json!({
-        "type": "object",
-        "description": "Up to 1,000 events published together: stored in one transaction and answered once it commits, with a result per event. Not kept, and the events are not echoed back: status.results names them.",
-        "required": ["spec"],
-        "properties": {
-            "apiVersion": {"type": "string", "description": "delivery.herald.dev/v1alpha1"},
-            "kind": {"type": "string", "description": "WebhookEventBatch"},
-            "metadata": {"type": "object", "x-kubernetes-preserve-unknown-fields": true},
-            "spec": {
-                "type": "object",
-                "required": ["events"],
-                "properties": {
-                    "events": {
-                        "type": "array",
-                        "description": "1 to 1,000 events, each as POST .../events takes it. One that is not valid, or that a quota refuses, is refused alone.",
-                        "items": {
-                            "type": "object",
-                            "required": ["type"],
-                            "properties": {
-                                "id": {"type": "string", "description": "The event id, the idempotency key (herald makes one when absent)."},
-                                "type": {"type": "string", "description": "The event type: 1-253 characters of letters, digits and _ . : / -"},
-                                "data": {"description": "Any JSON value.", "x-kubernetes-preserve-unknown-fields": true},
-                            },
-                        },
-                    },
+    let mut event = event_properties();
+    event["id"] = json!({"type": "string", "description": "The event id, the idempotency key (herald makes one when absent)."});
+    kind_schema(
+        "WebhookEventBatch",
+        "Up to 1,000 events published together: stored in one transaction and answered once it commits, with a result per event. Not kept, and the events are not echoed back: status.results names them.",
+        json!({
+            "type": "object",
+            "required": ["events"],
+            "properties": {
+                "events": {
+                    "type": "array",
+                    "description": "1 to 1,000 events, each as POST .../events takes it. One that is not valid, or that a quota refuses, is refused alone.",
+                    "items": {"type": "object", "required": ["type"], "properties": event},
                 },
             },
-            "status": {
-                "type": "object",
-                "description": "Written by herald in the answer to the create.",
-                "properties": {
-                    "accepted": {"type": "integer", "description": "Events stored now."},
-                    "duplicates": {"type": "integer", "description": "Ids published before: nothing is delivered again."},
-                    "refused": {"type": "integer", "description": "Events refused alone."},
-                    "results": {"type": "array", "description": "Per event, in order: {id, matched, duplicate}, or {status, error: {code, message}}.", "items": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}},
-                },
+        }),
+        json!({
+            "type": "object",
+            "description": "Written by herald in the answer to the create.",
+            "properties": {
+                "accepted": {"type": "integer", "description": "Events stored now."},
+                "duplicates": {"type": "integer", "description": "Ids published before: nothing is delivered again."},
+                "refused": {"type": "integer", "description": "Events refused alone."},
+                "results": {"type": "array", "description": "Per event, in order: {id, matched, duplicate}, or {status, error: {code, message}}.", "items": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}},
             },
-        },
-    })
+        }),
+    )
 }
 
 fn replay_schema() -> Value {
-    json!({
-        "type": "object",
-        "description": "Dead letters of a subscription delivered again: due now, their attempts counted afresh. Not kept: the answer says how many.",
-        "required": ["spec"],
-        "properties": {
-            "apiVersion": {"type": "string"},
-            "kind": {"type": "string"},
-            "metadata": {"type": "object", "x-kubernetes-preserve-unknown-fields": true},
-            "spec": {
-                "type": "object",
-                "required": ["subscription"],
-                "properties": {
-                    "subscription": {"type": "string", "description": "The WebhookSubscription whose dead letters to replay."},
-                    "eventIds": {"type": "array", "items": {"type": "string"}, "description": "Only these events."},
-                    "since": {"type": "string", "format": "date-time", "description": "Only events published at or after this time (RFC 3339)."},
-                    "until": {"type": "string", "format": "date-time", "description": "Only events published before this time."},
-                },
+    kind_schema(
+        "Replay",
+        "Dead letters of a subscription delivered again: due now, their attempts counted afresh. Not kept: the answer says how many.",
+        json!({
+            "type": "object",
+            "required": ["subscription"],
+            "properties": {
+                "subscription": {"type": "string", "description": "The WebhookSubscription whose dead letters to replay."},
+                "eventIds": {"type": "array", "items": {"type": "string"}, "description": "Only these events."},
+                "since": {"type": "string", "format": "date-time", "description": "Only events published at or after this time (RFC 3339)."},
+                "until": {"type": "string", "format": "date-time", "description": "Only events published before this time."},
             },
-            "status": {"type": "object", "properties": {"replayed": {"type": "integer", "description": "Dead letters due again."}}},
-        },
-    })
+        }),
+        json!({"type": "object", "properties": {"replayed": {"type": "integer", "description": "Dead letters due again."}}}),
+    )
 }
 
 fn enablement_schema() -> Value {
-    json!({
-        "type": "object",
-        "description": "Re-enables a subscription its failures (or a 410 Gone) disabled: it sends again and its failure count starts over. Not kept: the answer is the subscription's state.",
-        "required": ["spec"],
-        "properties": {
-            "apiVersion": {"type": "string"},
-            "kind": {"type": "string"},
-            "metadata": {"type": "object", "x-kubernetes-preserve-unknown-fields": true},
-            "spec": {
-                "type": "object",
-                "required": ["subscription"],
-                "properties": {"subscription": {"type": "string", "description": "The WebhookSubscription to re-enable."}},
-            },
-            "status": {"type": "object", "x-kubernetes-preserve-unknown-fields": true},
-        },
-    })
+    kind_schema(
+        "Enablement",
+        "Re-enables a subscription its failures (or a 410 Gone) disabled: it sends again and its failure count starts over. Not kept: the answer is the subscription's state.",
+        json!({
+            "type": "object",
+            "required": ["subscription"],
+            "properties": {"subscription": {"type": "string", "description": "The WebhookSubscription to re-enable."}},
+        }),
+        json!({"type": "object", "x-kubernetes-preserve-unknown-fields": true}),
+    )
 }
 
 /// The kinds clients create: (kind, plural, schema).

@@ -28,6 +28,7 @@ use axum::http::StatusCode;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{any, get, post};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde_json::json;
 
 use crate::delivery::engine::Engine;
@@ -232,7 +233,7 @@ pub(crate) struct Created<S> {
     api_version: Option<String>,
     kind: Option<String>,
     #[serde(default)]
-    pub metadata: k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
+    pub metadata: ObjectMeta,
     pub spec: S,
     #[serde(default)]
     #[allow(dead_code)]
@@ -277,6 +278,38 @@ pub(crate) fn created<S: serde::de::DeserializeOwned>(
         ));
     }
     Ok(object)
+}
+
+/// A create's `dryRun`: `All` checks without doing, and nothing else is a dry run. Other
+/// options kubectl sends are taken: `fieldManager` (herald keeps no managed fields),
+/// `fieldValidation` (unknown fields are always refused, as `Strict` asks), `pretty`.
+pub(crate) fn dry_run(pairs: &[(String, String)]) -> Result<bool, Refused> {
+    let mut dry = false;
+    for (key, value) in pairs {
+        match (key.as_str(), value.as_str()) {
+            ("dryRun", "All") => dry = true,
+            ("dryRun", _) => return Err(bad_request("dryRun may only be \"All\"")),
+            ("fieldManager" | "fieldValidation" | "pretty", _) => {}
+            (other, _) => return Err(bad_request(format!("unknown create option {other:?}"))),
+        }
+    }
+    Ok(dry)
+}
+
+/// A created object's name: its own, or its `generateName` finished with five characters
+/// (as the API server finishes one), or None.
+pub(crate) fn name_of(meta: &ObjectMeta) -> Option<String> {
+    match (&meta.name, &meta.generate_name) {
+        (Some(name), _) => Some(name.clone()),
+        (None, Some(prefix)) => Some(format!("{prefix}{}", suffix())),
+        (None, None) => None,
+    }
+}
+
+/// Five characters for `generateName`, as the API server adds.
+pub(crate) fn suffix() -> String {
+    let simple = uuid::Uuid::now_v7().simple().to_string();
+    simple[simple.len() - 5..].to_string()
 }
 
 /// A refusal, already a `Status` answer (boxed: results carrying it stay small).

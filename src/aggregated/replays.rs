@@ -23,7 +23,7 @@ use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 use serde_json::json;
 
-use super::{Api, GROUP_VERSION, Refused, bad_request, created};
+use super::{Api, GROUP_VERSION, Refused, created, dry_run, name_of};
 use crate::ingest::{ApiError, ReplayRequest, body_error};
 
 /// Largest replay or enablement body.
@@ -55,19 +55,6 @@ async fn read(body: Body) -> Result<axum::body::Bytes, Refused> {
         .map_err(|e| Refused::from(body_error(e, too_large)))
 }
 
-/// `dryRun=All` only checks; any other value is refused.
-fn dry_run(pairs: &[(String, String)]) -> Result<bool, Refused> {
-    let mut dry = false;
-    for (key, value) in pairs {
-        match (key.as_str(), value.as_str()) {
-            ("dryRun", "All") => dry = true,
-            ("dryRun", _) => return Err(bad_request("dryRun may only be \"All\"")),
-            _ => {}
-        }
-    }
-    Ok(dry)
-}
-
 fn answer(
     kind: &str,
     namespace: &str,
@@ -85,18 +72,6 @@ fn answer(
     (StatusCode::CREATED, axum::Json(body)).into_response()
 }
 
-/// The object's name: its own, or `generateName` finished, or the subscription's.
-fn name_of(
-    meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
-    subscription: &str,
-) -> String {
-    match (&meta.name, &meta.generate_name) {
-        (Some(name), _) => name.clone(),
-        (None, Some(prefix)) => format!("{prefix}{}", super::webhookevents::suffix()),
-        (None, None) => subscription.to_string(),
-    }
-}
-
 /// `POST .../namespaces/{namespace}/replays`: dead letters of the subscription due again.
 pub async fn create_replay(
     State(api): State<Api>,
@@ -107,7 +82,7 @@ pub async fn create_replay(
     let dry = dry_run(&pairs)?;
     let object = created::<ReplaySpec>(&read(body).await?, "Replay", &namespace)?;
     let spec = object.spec;
-    let name = name_of(&object.metadata, &spec.subscription);
+    let name = name_of(&object.metadata).unwrap_or_else(|| spec.subscription.clone());
     let echo = json!({"subscription": spec.subscription, "eventIds": spec.event_ids, "since": spec.since, "until": spec.until});
     let selection = ReplayRequest {
         event_ids: spec.event_ids,
@@ -143,7 +118,7 @@ pub async fn create_enablement(
     let dry = dry_run(&pairs)?;
     let object = created::<EnablementSpec>(&read(body).await?, "Enablement", &namespace)?;
     let subscription = object.spec.subscription;
-    let name = name_of(&object.metadata, &subscription);
+    let name = name_of(&object.metadata).unwrap_or_else(|| subscription.clone());
     let echo = json!({"subscription": subscription});
     if dry {
         return Ok(answer("Enablement", &namespace, name, echo, json!({})));

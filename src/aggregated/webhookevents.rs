@@ -36,7 +36,7 @@ use serde_json::json;
 use serde_json::value::RawValue;
 
 use super::front_proxy::Identity;
-use super::{Api, GROUP, GROUP_VERSION, Refused, bad_request, created, status};
+use super::{Api, GROUP, GROUP_VERSION, Refused, created, dry_run, name_of, status, suffix};
 use crate::delivery::engine::Origin;
 use crate::ingest::openapi::BatchResult;
 use crate::ingest::{ApiError, PublishRequest, body_error, checked, decode_each, publish_each};
@@ -60,11 +60,7 @@ pub async fn create(
     Extension(identity): Extension<Identity>,
     body: Body,
 ) -> Result<Response, Refused> {
-    let dry_run = match dry_run_values(&options)?.as_slice() {
-        [] => false,
-        ["All"] => true,
-        _ => return Err(bad_request("dryRun may only be \"All\"")),
-    };
+    let dry_run = dry_run(&options)?;
     let too_large = ApiError::new(
         StatusCode::PAYLOAD_TOO_LARGE,
         "body_too_large",
@@ -86,11 +82,7 @@ pub async fn create(
             format!("the event data is larger than {} bytes", api.max_body),
         )));
     }
-    let id = match (event.metadata.name, event.metadata.generate_name) {
-        (Some(name), _) => Some(name),
-        (None, Some(prefix)) => Some(format!("{prefix}{}", suffix())),
-        (None, None) => None,
-    };
+    let id = name_of(&event.metadata);
     let request = checked(PublishRequest {
         id,
         kind: event.spec.kind,
@@ -156,11 +148,7 @@ pub async fn create_batch(
     Extension(identity): Extension<Identity>,
     body: Body,
 ) -> Result<Response, Refused> {
-    let dry_run = match dry_run_values(&options)?.as_slice() {
-        [] => false,
-        ["All"] => true,
-        _ => return Err(bad_request("dryRun may only be \"All\"")),
-    };
+    let dry_run = dry_run(&options)?;
     let limit = api.max_body.saturating_mul(8);
     let too_large = ApiError::new(
         StatusCode::PAYLOAD_TOO_LARGE,
@@ -172,10 +160,7 @@ pub async fn create_batch(
         .map_err(|e| Refused::from(body_error(e, too_large)))?;
     let batch = created::<BatchSpec>(&bytes, "WebhookEventBatch", &namespace)?;
     // Not kept: the name only labels the answer (and the audit log's line).
-    let name = match (batch.metadata.name, batch.metadata.generate_name) {
-        (Some(name), _) => name,
-        (None, prefix) => format!("{}{}", prefix.as_deref().unwrap_or("batch-"), suffix()),
-    };
+    let name = name_of(&batch.metadata).unwrap_or_else(|| format!("batch-{}", suffix()));
     let results: Vec<serde_json::Value> = if dry_run {
         decode_each(&batch.spec.events, api.max_body)
             .map_err(Refused::from)?
@@ -209,27 +194,6 @@ pub async fn create_batch(
         "status": status,
     });
     Ok((StatusCode::CREATED, axum::Json(answer)).into_response())
-}
-
-/// The `dryRun` values of a create's query. kubectl also sends `fieldManager` (herald
-/// keeps no managed fields) and `fieldValidation` (herald always refuses unknown fields, as
-/// `Strict` asks).
-fn dry_run_values(pairs: &[(String, String)]) -> Result<Vec<&str>, Refused> {
-    let mut dry_run = Vec::new();
-    for (key, value) in pairs {
-        match key.as_str() {
-            "dryRun" => dry_run.push(value.as_str()),
-            "fieldManager" | "fieldValidation" | "pretty" => {}
-            other => return Err(bad_request(format!("unknown create option {other:?}"))),
-        }
-    }
-    Ok(dry_run)
-}
-
-/// Five characters for `generateName`, as the API server adds.
-pub(crate) fn suffix() -> String {
-    let simple = uuid::Uuid::now_v7().simple().to_string();
-    simple[simple.len() - 5..].to_string()
 }
 
 fn now() -> String {
