@@ -90,8 +90,8 @@ impl ServerUse {
         .await
         .unwrap();
         // herald's statements, not this connection's.
-        let rows: Vec<(i64, f64, String)> = sqlx_core::query_as::query_as(
-            "SELECT calls, total_exec_time, left(regexp_replace(query, '\\s+', ' ', 'g'), 90)
+        let rows: Vec<(i64, f64, i64, String)> = sqlx_core::query_as::query_as(
+            "SELECT calls, total_exec_time, rows, left(regexp_replace(query, '\\s+', ' ', 'g'), 90)
              FROM pg_stat_statements
              WHERE query NOT LIKE '%pg_stat_statements%' AND query NOT LIKE '%pg_current_wal_lsn%'
              ORDER BY total_exec_time DESC",
@@ -100,11 +100,12 @@ impl ServerUse {
         .await
         .unwrap();
         let n = events as f64;
-        for (calls, ms, query) in rows.iter().take(6) {
+        for (calls, ms, returned, query) in rows.iter().take(6) {
             println!(
-                "    {:.2}/event, {:.0} µs/event executing: {query}",
+                "    {:.2}/event, {:.0} µs/event executing, {:.2} rows a call: {query}",
                 *calls as f64 / n,
-                ms * 1e3 / n
+                ms * 1e3 / n,
+                *returned as f64 / (*calls).max(1) as f64
             );
         }
         PerEvent {
@@ -325,22 +326,29 @@ async fn main() {
     }
     let [embedded, one, three] = <[Phase; 3]>::try_from(phases).ok().expect("three phases");
 
-    // The drain: events stored while every subscription is paused, then delivered.
+    // The drain: events stored while every subscription is paused; herald stopped, the
+    // subscriptions unpaused, herald started again: it works the stored backlog off, as
+    // River's burn-down works off jobs inserted before its client starts. (Unpaused live,
+    // the lanes start one by one as kubectl's apply reaches each subscription, about 25 ms
+    // apart here, and the drain would time kubectl.)
     let replicas = start(&cp, Some(&pg), 1).await;
     pause_all(&cp, &receiver, true);
     let before = receiver.count();
     let load = Load::start_from(&replicas, tokens.clone(), types.clone(), events, offset);
     assert_eq!(load.finish().await.len(), events);
     assert_eq!(receiver.count(), before, "deliveries while paused");
-    let started = Instant::now();
+    stop(&cp, replicas, true).await;
     pause_all(&cp, &receiver, false);
+    let server_before = ServerUse::mark(&pg).await;
+    let started = Instant::now();
+    let replicas = start(&cp, Some(&pg), 1).await;
     receiver
         .wait_until("the drain", Duration::from_secs(600), |h| {
             h.len() >= before + events
         })
         .await;
-    // From the first delivery to the last, as River's burn-down times its workers: the
-    // unpause's way through the API server and the controller is reported on its own.
+    // From the first delivery to the last, as River's burn-down times its workers; herald's
+    // start (its reconciles, the shards taken) is reported on its own.
     let drained: Vec<Instant> = receiver.hits()[before..].iter().map(|h| h.at).collect();
     let (first, last) = (
         *drained.iter().min().expect("deliveries"),
@@ -349,8 +357,14 @@ async fn main() {
     let unpaused = first.duration_since(started);
     let drain = (events - 1) as f64 / last.duration_since(first).as_secs_f64();
     println!(
-        "PostgreSQL, 1 replica, drain: {drain:.0} events/s, the first {} ms after the unpause was applied",
-        unpaused.as_millis()
+        "PostgreSQL, 1 replica, drain: {drain:.0} events/s, the first {} ms after herald was started; herald CPU {:.0} µs an event (its start included)",
+        unpaused.as_millis(),
+        herald_cpu(&replicas).as_secs_f64() * 1e6 / events as f64
+    );
+    let drained_use = server_before.per_event(&pg, events).await;
+    println!(
+        "  PostgreSQL per event: CPU {:.0} µs, {:.2} statements, WAL {:.0} bytes",
+        drained_use.server_cpu_us, drained_use.statements, drained_use.wal_bytes
     );
     stop(&cp, replicas, true).await;
     let river = river(&pg, jobs).await;
@@ -440,7 +454,7 @@ async fn main() {
         .target(Target::RatioAtLeast(0.5));
     report.add(
         "scale_out.drain_postgres.unpause",
-        "from applying the unpause (kubectl) to the drain's first delivery",
+        "from herald's start (the backlog stored, its subscriptions unpaused) to the drain's first delivery",
         unpaused.as_secs_f64() * 1e3,
         "ms",
     );
