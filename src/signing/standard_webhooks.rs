@@ -25,7 +25,9 @@ pub const PRIVATE_KEY_PREFIX: &str = "whsk_";
 /// The prefix of an ed25519 public key (32 bytes).
 pub const PUBLIC_KEY_PREFIX: &str = "whpk_";
 
-/// One key of the scheme.
+/// One key of the scheme. The ed25519 keys are boxed: a VerifyingKey is about 200 bytes
+/// (its decompressed point), and every subscription keeps a signer, 100,000 of them within
+/// a memory budget; unboxed, every HMAC key paid for the largest variant.
 #[derive(Clone)]
 enum SchemeKey {
     /// `whsec_`: signs and verifies v1.
@@ -33,7 +35,7 @@ enum SchemeKey {
     /// `whsk_`: signs v1a, and verifies it with its public half.
     Private(Box<SigningKey>),
     /// `whpk_`: verifies v1a only.
-    Public(VerifyingKey),
+    Public(Box<VerifyingKey>),
 }
 
 impl fmt::Debug for SchemeKey {
@@ -219,7 +221,7 @@ fn parse_key(secret: &str) -> Result<SchemeKey, SignatureError> {
         return <[u8; 32]>::try_from(bytes.as_slice())
             .ok()
             .and_then(|b| VerifyingKey::from_bytes(&b).ok())
-            .map(SchemeKey::Public)
+            .map(|key| SchemeKey::Public(Box::new(key)))
             .ok_or_else(|| {
                 SignatureError::InvalidSecret(
                     "a public key (whpk_) is 32 bytes of a valid ed25519 point".into(),
@@ -282,6 +284,14 @@ mod tests {
 
     fn signer() -> Signer {
         Signer::new([SECRET]).unwrap()
+    }
+
+    /// Every subscription keeps a signer (100,000 within a memory budget): a key is no
+    /// larger than an HMAC key's vector, whatever the scheme's largest key.
+    #[test]
+    fn a_key_is_as_small_as_an_hmac_key() {
+        let size = std::mem::size_of::<SchemeKey>();
+        assert!(size <= 32, "SchemeKey is {size} bytes");
     }
 
     fn headers<'a>(id: &'a str, ts: &'a str, sig: &'a str) -> [(&'a str, &'a str); 3] {
