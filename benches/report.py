@@ -81,6 +81,11 @@ EXPECTED = {
         "scale_out.ceiling_per_server_core",
         "scale_out.drain_postgres",
         "scale_out.drain_postgres.unpause",
+        *(f"scale_out.drain_postgres.{what}" for what in ("server_cpu", "statements", "wal")),
+        *(
+            f"scale_out.{phase}.busy_cores"
+            for phase in ("embedded", "postgres_1", "postgres_3", "drain_postgres", "river")
+        ),
     ],
 }
 BENCHES = list(EXPECTED)

@@ -29,6 +29,7 @@ use common::{Report, Target, thousands};
 use sqlx_core::connection::Connection;
 use sqlx_postgres::PgConnection;
 use support::control_plane::ControlPlane;
+use support::cpu::Machine;
 use support::operator::Operator;
 use support::postgres::Postgres;
 use support::receiver::Receiver;
@@ -121,6 +122,9 @@ struct Phase {
     rate: f64,
     herald_cpu_us: f64,
     server: Option<PerEvent>,
+    /// The machine's cores busy on average over the phase (everything on it: herald, the
+    /// server, the load, the receiver, the control plane).
+    busy_cores: f64,
 }
 
 impl Phase {
@@ -180,6 +184,7 @@ async fn end_to_end(
         Some(pg) => Some(ServerUse::mark(pg).await),
         None => None,
     };
+    let machine = Machine::mark();
     let started = Instant::now();
     let load = Load::start_from(replicas, tokens.clone(), types.to_vec(), events, offset);
     assert_eq!(load.finish().await.len(), events);
@@ -189,8 +194,11 @@ async fn end_to_end(
         })
         .await;
     let rate = events as f64 / started.elapsed().as_secs_f64();
+    let busy_cores = machine.busy_cores();
     let herald_cpu_us = (herald_cpu(replicas) - herald_before).as_secs_f64() * 1e6 / events as f64;
-    println!("{label}: {rate:.0} events/s end to end; herald CPU {herald_cpu_us:.0} µs an event");
+    println!(
+        "{label}: {rate:.0} events/s end to end; herald CPU {herald_cpu_us:.0} µs an event; {busy_cores:.2} cores busy"
+    );
     let server = match (server_before, pg) {
         (Some(mark), Some(pg)) => Some(mark.per_event(pg, events).await),
         _ => None,
@@ -205,6 +213,7 @@ async fn end_to_end(
         rate,
         herald_cpu_us,
         server,
+        busy_cores,
     }
 }
 
@@ -246,8 +255,10 @@ fn pause_all(cp: &ControlPlane, receiver: &Receiver, paused: bool) {
     }
 }
 
-/// River's `river bench` burn-down of `jobs` jobs in a database of its own on `pg`: jobs/s.
-async fn river(pg: &Postgres, jobs: usize) -> f64 {
+/// River's `river bench` burn-down of `jobs` jobs in a database of its own on `pg`: jobs/s,
+/// the server's use per job over the whole command (its inserts of the jobs included), and
+/// the machine's cores busy meanwhile.
+async fn river(pg: &Postgres, jobs: usize) -> (f64, PerEvent, f64) {
     let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
     let built = Command::new(repo.join("scripts/river"))
         .arg("build")
@@ -277,7 +288,11 @@ async fn river(pg: &Postgres, jobs: usize) -> f64 {
         text
     };
     run(&["migrate-up"]);
+    let server = ServerUse::mark(pg).await;
+    let machine = Machine::mark();
     let out = run(&["bench", "--num-total-jobs", &jobs.to_string()]);
+    let busy_cores = machine.busy_cores();
+    let used = server.per_event(pg, jobs).await;
     // "bench: total jobs worked [ 50000 ], ..., overall job/sec [ 16579.6 ], running 3.0s"
     let rate = out
         .split("overall job/sec [")
@@ -286,10 +301,14 @@ async fn river(pg: &Postgres, jobs: usize) -> f64 {
         .and_then(|n| n.trim().parse::<f64>().ok())
         .unwrap_or_else(|| panic!("no overall job/sec in river bench's output:\n{out}"));
     println!(
-        "River: {} jobs burnt down at {rate:.0} jobs/s",
+        "River: {} jobs burnt down at {rate:.0} jobs/s; {busy_cores:.2} cores busy (its inserts included)",
         thousands(jobs)
     );
-    rate
+    println!(
+        "  PostgreSQL per job: CPU {:.0} µs, {:.2} statements, WAL {:.0} bytes (its inserts included)",
+        used.server_cpu_us, used.statements, used.wal_bytes
+    );
+    (rate, used, busy_cores)
 }
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
@@ -340,6 +359,7 @@ async fn main() {
     stop(&cp, replicas, true).await;
     pause_all(&cp, &receiver, false);
     let server_before = ServerUse::mark(&pg).await;
+    let machine = Machine::mark();
     let started = Instant::now();
     let replicas = start(&cp, Some(&pg), 1).await;
     receiver
@@ -354,10 +374,11 @@ async fn main() {
         *drained.iter().min().expect("deliveries"),
         *drained.iter().max().expect("deliveries"),
     );
+    let drain_busy = machine.busy_cores();
     let unpaused = first.duration_since(started);
     let drain = (events - 1) as f64 / last.duration_since(first).as_secs_f64();
     println!(
-        "PostgreSQL, 1 replica, drain: {drain:.0} events/s, the first {} ms after herald was started; herald CPU {:.0} µs an event (its start included)",
+        "PostgreSQL, 1 replica, drain: {drain:.0} events/s, the first {} ms after herald was started; herald CPU {:.0} µs an event (its start included); {drain_busy:.2} cores busy",
         unpaused.as_millis(),
         herald_cpu(&replicas).as_secs_f64() * 1e6 / events as f64
     );
@@ -367,7 +388,7 @@ async fn main() {
         drained_use.server_cpu_us, drained_use.statements, drained_use.wal_bytes
     );
     stop(&cp, replicas, true).await;
-    let river = river(&pg, jobs).await;
+    let (river, river_use, river_busy) = river(&pg, jobs).await;
 
     let n = thousands(events);
     report
@@ -452,6 +473,66 @@ async fn main() {
             river,
         )
         .target(Target::RatioAtLeast(0.5));
+    report
+        .add(
+            "scale_out.drain_postgres.server_cpu",
+            "PostgreSQL server CPU per event, the drain",
+            drained_use.server_cpu_us,
+            "µs",
+        )
+        .reference(
+            "per job of River's burn-down, its inserts included, same server",
+            river_use.server_cpu_us,
+        );
+    report
+        .add(
+            "scale_out.drain_postgres.statements",
+            "statements per event, the drain",
+            drained_use.statements,
+            "statements",
+        )
+        .reference("per job of River's burn-down", river_use.statements);
+    report
+        .add(
+            "scale_out.drain_postgres.wal",
+            "WAL per event, the drain",
+            drained_use.wal_bytes,
+            "bytes",
+        )
+        .reference("per job of River's burn-down", river_use.wal_bytes);
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    for (key, what, busy) in [
+        (
+            "embedded",
+            "end to end, embedded store",
+            embedded.busy_cores,
+        ),
+        (
+            "postgres_1",
+            "end to end, PostgreSQL, one replica",
+            one.busy_cores,
+        ),
+        (
+            "postgres_3",
+            "end to end, PostgreSQL, three replicas",
+            three.busy_cores,
+        ),
+        ("drain_postgres", "the drain on PostgreSQL", drain_busy),
+        (
+            "river",
+            "River's burn-down (its inserts included)",
+            river_busy,
+        ),
+    ] {
+        report.add(
+            &format!("scale_out.{key}.busy_cores"),
+            &format!(
+                "cores busy on average during {what}, of the machine's {cores} (everything on it)"
+            ),
+            busy,
+            "cores",
+        );
+    }
     report.add(
         "scale_out.drain_postgres.unpause",
         "from herald's start (the backlog stored, its subscriptions unpaused) to the drain's first delivery",

@@ -47,3 +47,47 @@ pub fn of_tree(pid: u32) -> Duration {
 fn ticks(n: u64) -> Duration {
     Duration::from_millis(n * 1000 / TICKS)
 }
+
+/// The whole machine's CPU from /proc/stat: (busy, all) ticks summed over its cores, busy
+/// being everything but idle and waiting for I/O.
+fn machine_ticks() -> (u64, u64) {
+    let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
+    let Some(line) = stat.lines().find(|l| l.starts_with("cpu ")) else {
+        return (0, 0);
+    };
+    // user nice system idle iowait irq softirq steal (guest time is counted in user).
+    let n: Vec<u64> = line
+        .split_whitespace()
+        .skip(1)
+        .take(8)
+        .filter_map(|f| f.parse().ok())
+        .collect();
+    let all: u64 = n.iter().sum();
+    let idle = n.get(3).copied().unwrap_or(0) + n.get(4).copied().unwrap_or(0);
+    (all - idle, all)
+}
+
+/// How busy the machine's cores are from a mark on: to tell a rate the cores bound (all
+/// busy) from one that waits on something else.
+pub struct Machine {
+    busy: u64,
+    all: u64,
+}
+
+impl Machine {
+    pub fn mark() -> Self {
+        let (busy, all) = machine_ticks();
+        Self { busy, all }
+    }
+
+    /// Cores busy on average since the mark (of [`std::thread::available_parallelism`]).
+    pub fn busy_cores(&self) -> f64 {
+        let (busy, all) = machine_ticks();
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
+        let all = all.saturating_sub(self.all);
+        if all == 0 {
+            return 0.0;
+        }
+        busy.saturating_sub(self.busy) as f64 / all as f64 * cores
+    }
+}
