@@ -2097,16 +2097,20 @@ mod tests {
         for _ in 0..completions::RECORDERS {
             held.push(store.recorders.acquire().await.unwrap());
         }
-        // Each recorder takes one of f0..f2 and waits for a connection; both of lane's
+        // Each recorder takes one of f0..f2 and waits for a connection (the second and the
+        // third once the first has not returned within OVERLAP_AFTER); both of lane's
         // records then wait in the queue, to be taken together by one recorder.
-        let queued_within = |sent: usize, queued: usize| {
+        let queued_within = |sent: usize, queued: usize, writing: usize| {
             let store = store.clone();
             async move {
                 let deadline = tokio::time::Instant::now() + Duration::from_secs(4);
-                while store.completions.sent() != sent || store.completions.queued() != queued {
+                while store.completions.sent() != sent
+                    || store.completions.queued() != queued
+                    || store.completions.writing() != writing
+                {
                     assert!(
                         tokio::time::Instant::now() < deadline,
-                        "never {sent} sent and {queued} queued"
+                        "never {sent} sent, {queued} queued and {writing} statements written"
                     );
                     tokio::time::sleep(Duration::from_millis(5)).await;
                 }
@@ -2115,11 +2119,11 @@ mod tests {
         let mut records = Vec::new();
         for (n, key) in ["f0-0", "f1-0", "f2-0"].into_iter().enumerate() {
             records.push(record(key));
-            queued_within(n + 1, 0).await;
+            queued_within(n + 1, 0, n + 1).await;
         }
         records.push(record("lane-0"));
         records.push(record("lane-1"));
-        queued_within(5, 2).await;
+        queued_within(5, 2, 3).await;
         drop(held);
         let all = tokio::time::timeout(Duration::from_secs(10), async {
             for record in records {
@@ -2130,6 +2134,86 @@ mod tests {
         assert!(all.is_ok(), "a record waited for records that never came");
         let state = store.subscription_state("lane").await.unwrap().unwrap();
         assert_eq!(state.failed, 2);
+        store.close().await;
+    }
+
+    /// Records that come while a statement is written wait for it and then go together in
+    /// the next, rather than each in a statement of its own beside it.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn records_queued_while_a_statement_is_written_go_in_the_next_one() {
+        let Some(server) = Postgres::start() else {
+            return;
+        };
+        let store = Arc::new(connect(&server).await);
+        let mut claims = Vec::new();
+        for s in 0..6 {
+            let uid = format!("w{s}");
+            store.upsert_subscription(sub(&uid)).await.unwrap();
+            store
+                .publish(event(&format!("w-{s}")), vec![uid.clone()])
+                .await
+                .unwrap();
+            match store.claim_next(&uid, i64::MAX).await.unwrap() {
+                Claim::Claimed(claimed) => claims.push(claimed),
+                other => panic!("{uid}: {other:?}"),
+            }
+        }
+        let record = |claimed: Claimed| {
+            let store = store.clone();
+            tokio::spawn(async move {
+                store
+                    .complete(
+                        claimed.claim_ref(),
+                        attempt(),
+                        Next::Retry { due_ms: 50_000 },
+                    )
+                    .await
+            })
+        };
+        let until = |what: &'static str, done: &(dyn Fn() -> bool + Sync)| {
+            let deadline = std::time::Instant::now() + Duration::from_secs(4);
+            while !done() {
+                assert!(std::time::Instant::now() < deadline, "never {what}");
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        };
+        // The first statement waits for a connection, the pool's all held here.
+        let mut held = Vec::new();
+        for _ in 0..completions::RECORDERS {
+            held.push(store.recorders.acquire().await.unwrap());
+        }
+        let mut claims = claims.into_iter();
+        let mut records = vec![record(claims.next().unwrap())];
+        until("the first statement written", &|| {
+            store.completions.writing() == 1
+        });
+        // The next recorder takes one and waits for it (OVERLAP_AFTER is 1 s in tests),
+        // holding the queue; the other four wait there.
+        records.extend(claims.map(record));
+        until("the other five handed over", &|| {
+            store.completions.sent() == 6 && store.completions.queued() == 4
+        });
+        assert_eq!(
+            store.completions.writing(),
+            1,
+            "a second statement went beside it"
+        );
+        drop(held);
+        for r in records {
+            assert!(r.await.unwrap().unwrap().recorded);
+        }
+        let mut conn = raw(&server.url).await;
+        let statements: i64 = query_scalar(
+            "SELECT count(DISTINCT l.xmin::text) FROM attempt_log l
+             JOIN deliveries d ON d.id = l.delivery WHERE d.sub_uid <> 'w0'",
+        )
+        .fetch_one(&mut conn)
+        .await
+        .unwrap();
+        assert_eq!(
+            statements, 1,
+            "the five records that waited took {statements} statements"
+        );
         store.close().await;
     }
 
