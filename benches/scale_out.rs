@@ -134,6 +134,47 @@ impl Phase {
     }
 }
 
+/// The store operations whose time a phase prints.
+const TIMED: [&str; 3] = ["publish", "claim_next", "complete"];
+
+/// (seconds, count) of each of [`TIMED`] so far, summed over the replicas
+/// (`herald_store_operation_duration_seconds`).
+async fn store_times(replicas: &[Operator]) -> Vec<(f64, f64)> {
+    let mut times = Vec::new();
+    for op in TIMED {
+        let label = format!("operation=\"{op}\"");
+        let (mut seconds, mut count) = (0.0, 0.0);
+        for r in replicas {
+            seconds += r
+                .metric("herald_store_operation_duration_seconds_sum", &label)
+                .await;
+            count += r
+                .metric("herald_store_operation_duration_seconds_count", &label)
+                .await;
+        }
+        times.push((seconds, count));
+    }
+    times
+}
+
+/// Prints each store operation's mean time and count per event since `before`.
+async fn print_store_times(replicas: &[Operator], before: &[(f64, f64)], events: usize) {
+    let after = store_times(replicas).await;
+    let parts: Vec<String> = TIMED
+        .iter()
+        .zip(after.iter().zip(before))
+        .map(|(op, ((s, c), (s0, c0)))| {
+            let n = (c - c0).max(1.0);
+            format!(
+                "{op} {:.2} ms ({:.2}/event)",
+                (s - s0) * 1e3 / n,
+                (c - c0) / events as f64
+            )
+        })
+        .collect();
+    println!("  herald's store operations, mean: {}", parts.join(", "));
+}
+
 fn herald_cpu(replicas: &[Operator]) -> Duration {
     replicas.iter().map(|r| support::cpu::of(r.pid())).sum()
 }
@@ -184,6 +225,7 @@ async fn end_to_end(
         Some(pg) => Some(ServerUse::mark(pg).await),
         None => None,
     };
+    let times_before = store_times(replicas).await;
     let machine = Machine::mark();
     let started = Instant::now();
     let load = Load::start_from(replicas, tokens.clone(), types.to_vec(), events, offset);
@@ -197,8 +239,10 @@ async fn end_to_end(
     let busy_cores = machine.busy_cores();
     let herald_cpu_us = (herald_cpu(replicas) - herald_before).as_secs_f64() * 1e6 / events as f64;
     println!(
-        "{label}: {rate:.0} events/s end to end; herald CPU {herald_cpu_us:.0} µs an event; {busy_cores:.2} cores busy"
+        "{label}: {rate:.0} events/s end to end; herald CPU {herald_cpu_us:.0} µs an event; {busy_cores:.2} cores busy; a publish answered in {:.2} ms on average (32 producers)",
+        32e3 / rate
     );
+    print_store_times(replicas, &times_before, events).await;
     let server = match (server_before, pg) {
         (Some(mark), Some(pg)) => Some(mark.per_event(pg, events).await),
         _ => None,
