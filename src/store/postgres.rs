@@ -78,6 +78,7 @@ use super::*;
 
 mod completions;
 mod group_commit;
+mod writing;
 
 /// The schema, one migration a file: (version, description, SQL). Never edit one that has
 /// been released; add the next.
@@ -1950,6 +1951,64 @@ mod tests {
         assert!(
             transactions <= bound,
             "{transactions} transactions, bound {bound}"
+        );
+        store.close().await;
+    }
+
+    /// Publishes that come while a commit is written wait for it and then go together in
+    /// the next transaction, rather than each committer starting one with what little has
+    /// come so far.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn publishes_queued_while_a_commit_is_written_go_in_the_next_one() {
+        let Some(server) = Postgres::start() else {
+            return;
+        };
+        let store = Arc::new(connect(&server).await);
+        store.upsert_subscription(sub("s")).await.unwrap();
+        let publish = |id: String| {
+            let store = store.clone();
+            tokio::spawn(async move { store.publish(event(&id), vec!["s".into()]).await })
+        };
+        let until = |what: &'static str, done: &(dyn Fn() -> bool + Sync)| {
+            let deadline = std::time::Instant::now() + Duration::from_secs(4);
+            while !done() {
+                assert!(std::time::Instant::now() < deadline, "never {what}");
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        };
+        // The first commit waits for a connection, the pool's all held here.
+        let mut held = Vec::new();
+        for _ in 0..POOL_SIZE {
+            held.push(store.synced.acquire().await.unwrap());
+        }
+        let mut publishes = vec![publish("first".into())];
+        until("the first commit written", &|| {
+            store.publishes.writing() == 1
+        });
+        // The next committer takes one and waits for it (OVERLAP_AFTER is 1 s in tests),
+        // holding the queue; the other nineteen wait there.
+        publishes.extend((0..20).map(|i| publish(format!("w-{i}"))));
+        until("the other twenty handed over", &|| {
+            store.publishes.sent() == 21 && store.publishes.queued() == 19
+        });
+        assert_eq!(
+            store.publishes.writing(),
+            1,
+            "a second commit went beside it"
+        );
+        drop(held);
+        for p in publishes {
+            assert_eq!(p.await.unwrap().unwrap().matched, 1);
+        }
+        let mut conn = raw(&server.url).await;
+        let transactions: i64 =
+            query_scalar("SELECT count(DISTINCT xmin::text) FROM events WHERE event_id LIKE 'w-%'")
+                .fetch_one(&mut conn)
+                .await
+                .unwrap();
+        assert_eq!(
+            transactions, 1,
+            "the twenty that waited took {transactions} transactions"
         );
         store.close().await;
     }

@@ -8,7 +8,8 @@
 //! events/s with one replica, fewer with three). Here concurrent publishes are joined: a
 //! few committers each take whatever publishes are queued, write them in one transaction
 //! with one NOTIFY, and answer each once that commit returns. A lone publish waits for
-//! nothing: a committer that is free takes it at once.
+//! nothing: a committer that is free takes it at once. While a commit goes well the next
+//! committer waits for it ([`super::writing`]), so what is queued meanwhile joins one batch.
 //!
 //! One publish's failure never fails the others joined with it: a batch the server refuses
 //! (or that waited too long for a row lock) is written again one publish at a time, each
@@ -24,6 +25,7 @@ use sqlx_core::row::Row;
 use sqlx_postgres::PgPool;
 use tokio::sync::{Mutex, mpsc, oneshot};
 
+use super::writing::{OVERLAP_AFTER, Writing};
 use super::{
     Claimed, Error, NewEvent, OP_TIMEOUT, PublishResult, Result, ShardFence, classify,
     first_answer, is_unavailable, shard_number,
@@ -147,6 +149,8 @@ pub(super) type Published = (PublishResult, Vec<Claimed>);
 /// The publish queue; the committers stop once it is dropped.
 pub(super) struct GroupCommit {
     queue: mpsc::Sender<Queued>,
+    #[cfg(test)]
+    writing: Arc<Writing>,
     /// Publishes handed to the committers so far.
     #[cfg(test)]
     sent: std::sync::atomic::AtomicUsize,
@@ -157,11 +161,14 @@ impl GroupCommit {
     pub(super) fn start(pool: PgPool) -> Self {
         let (queue, queued) = mpsc::channel(QUEUE);
         let queued = Arc::new(Mutex::new(queued));
+        let writing = Arc::new(Writing::default());
         for _ in 0..COMMITTERS {
-            tokio::spawn(committer(pool.clone(), queued.clone()));
+            tokio::spawn(committer(pool.clone(), queued.clone(), writing.clone()));
         }
         Self {
             queue,
+            #[cfg(test)]
+            writing,
             #[cfg(test)]
             sent: Default::default(),
         }
@@ -171,6 +178,18 @@ impl GroupCommit {
     #[cfg(test)]
     pub(super) fn sent(&self) -> usize {
         self.sent.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// Publishes waiting for a committer.
+    #[cfg(test)]
+    pub(super) fn queued(&self) -> usize {
+        self.queue.max_capacity() - self.queue.capacity()
+    }
+
+    /// Commits being written (a committer's, from its batch taken to its answers).
+    #[cfg(test)]
+    pub(super) fn writing(&self) -> usize {
+        self.writing.statements()
     }
 
     /// Publishes `event` to `targets` (each once) in the next group commit, claiming with it
@@ -209,13 +228,19 @@ impl GroupCommit {
     }
 }
 
-async fn committer(pool: PgPool, queued: Arc<Mutex<mpsc::Receiver<Queued>>>) {
+async fn committer(
+    pool: PgPool,
+    queued: Arc<Mutex<mpsc::Receiver<Queued>>>,
+    writing: Arc<Writing>,
+) {
     loop {
         let batch = {
             let mut queued = queued.lock().await;
             let Some(first) = queued.recv().await else {
                 return;
             };
+            // Holding the queue, so that what comes meanwhile joins this batch.
+            writing.wait_for_none(OVERLAP_AFTER).await;
             let mut bytes = first.event.body.len();
             let mut batch = vec![first];
             while batch.len() < MAX_BATCH && bytes < MAX_BATCH_BYTES {
@@ -229,6 +254,7 @@ async fn committer(pool: PgPool, queued: Arc<Mutex<mpsc::Receiver<Queued>>>) {
             }
             batch
         };
+        let _writing = writing.start();
         commit_and_answer(&pool, batch, &queued).await;
     }
 }
