@@ -92,8 +92,9 @@ const MIGRATIONS: &[(i64, &str, &str)] = &[
     ),
 ];
 
-/// Connections per writing pool (two per process). With the read pool and the listener,
-/// three replicas use at most 3 × (2 × 10 + 4 + 1) = 75 of PostgreSQL's default 100.
+/// Connections per writing pool (two per process). With the committers' and the
+/// recorders' pools, the read pool and the listener, three replicas use at most
+/// 3 × (2 × 10 + 3 + 3 + 4 + 1) = 93 of PostgreSQL's default 100.
 const POOL_SIZE: u32 = 10;
 /// Connections of the read pool.
 const READ_POOL_SIZE: u32 = 4;
@@ -119,8 +120,10 @@ pub struct PostgresStore {
     reads: PgPool,
     /// One connection, for LISTEN (see [`Store::new_work`]).
     listen: PgPool,
-    /// Publishes, joined into group commits on `synced`.
+    /// Publishes, joined into group commits on `committers` (connections as `synced`'s,
+    /// whose transactions wait for no row lock long).
     publishes: group_commit::GroupCommit,
+    committers: PgPool,
     /// Attempt records, joined into statements of many on `recorders` (connections as
     /// `relaxed`'s, whose statements wait for no row lock long).
     completions: completions::Completions,
@@ -313,12 +316,12 @@ impl PostgresStore {
                 // testing it again before every use would double the round trips.
                 .test_before_acquire(false)
         };
-        let synced = pool()
-            .after_connect(|conn, _| {
+        // A server (or role) whose default is off must not make herald acknowledge what is
+        // not on disk; `local`, `remote_write` and `remote_apply` are at least as strong
+        // as `on`, and are kept.
+        let synchronous = |options: PgPoolOptions| {
+            options.after_connect(|conn, _| {
                 Box::pin(async move {
-                    // A server (or role) whose default is off must not make herald
-                    // acknowledge what is not on disk; `local`, `remote_write` and
-                    // `remote_apply` are at least as strong as `on`, and are kept.
                     let setting: String =
                         query_scalar("SELECT current_setting('synchronous_commit')")
                             .fetch_one(&mut *conn)
@@ -329,7 +332,14 @@ impl PostgresStore {
                     Ok(())
                 })
             })
-            .connect_lazy_with(write_path.clone());
+        };
+        let synced = synchronous(pool()).connect_lazy_with(write_path.clone());
+        let committers = synchronous(pool().max_connections(group_commit::COMMITTERS as u32))
+            .connect_lazy_with(
+                write_path
+                    .clone()
+                    .options([("lock_timeout", group_commit::LOCK_TIMEOUT)]),
+            );
         let relaxed =
             pool().connect_lazy_with(write_path.clone().options([("synchronous_commit", "off")]));
         let recorders = pool()
@@ -346,7 +356,8 @@ impl PostgresStore {
             .acquire_timeout(ACQUIRE_TIMEOUT)
             .connect_lazy_with(options);
         Ok(Self {
-            publishes: group_commit::GroupCommit::start(synced.clone()),
+            publishes: group_commit::GroupCommit::start(committers.clone(), synced.clone()),
+            committers,
             completions: completions::Completions::start(recorders.clone(), relaxed.clone()),
             recorders,
             synced,
@@ -359,6 +370,7 @@ impl PostgresStore {
     /// Closes the pools (their connections end at once).
     pub async fn close(&self) {
         self.synced.close().await;
+        self.committers.close().await;
         self.relaxed.close().await;
         self.recorders.close().await;
         self.reads.close().await;
@@ -1379,6 +1391,62 @@ mod tests {
         store.close().await;
     }
 
+    /// One transaction's NOTIFY names each subscription given unclaimed work once, in
+    /// payloads of at most 7,000 bytes, and a publish to more than one payload holds by its
+    /// namespace and type.
+    #[tokio::test]
+    async fn a_batch_notifies_each_subscription_once_in_payloads_that_fit() {
+        let Some(server) = Postgres::start() else {
+            return;
+        };
+        let store = connect(&server).await;
+        let uuid = |i: usize| format!("00000000-0000-7000-8000-{i:012}");
+        for i in (0..600).chain(1000..1250) {
+            store.upsert_subscription(sub(&uuid(i))).await.unwrap();
+        }
+        let mut listener = sqlx_postgres::PgListener::connect(&server.url)
+            .await
+            .unwrap();
+        listener.listen("herald_new_work").await.unwrap();
+        // Six publishes naming 100 each (together several payloads), one naming 250.
+        let mut batch: Vec<(NewEvent, Vec<String>)> = (0..6)
+            .map(|p| {
+                let targets = (p * 100..p * 100 + 100).map(uuid).collect();
+                (event(&format!("n-{p}")), targets)
+            })
+            .collect();
+        let wide = NewEvent {
+            event_type: "order.created".into(),
+            ..event("wide")
+        };
+        batch.push((wide, (1000..1250).map(uuid).collect()));
+        store.publish_batch(batch).await.unwrap();
+        // All of one commit's notices arrive together.
+        let mut payloads: Vec<String> = Vec::new();
+        let named = |payloads: &[String]| {
+            payloads
+                .iter()
+                .filter(|p| !p.starts_with("e:"))
+                .flat_map(|p| p.split(',').map(str::to_string))
+                .collect::<Vec<_>>()
+        };
+        while named(&payloads).len() < 600 || !payloads.iter().any(|p| p.starts_with("e:")) {
+            let notice = tokio::time::timeout(Duration::from_secs(10), listener.recv())
+                .await
+                .unwrap_or_else(|_| panic!("notices so far: {payloads:?}"));
+            payloads.push(notice.unwrap().payload().to_string());
+        }
+        assert!(payloads.iter().all(|p| p.len() <= 7000), "{payloads:?}");
+        let events: Vec<&String> = payloads.iter().filter(|p| p.starts_with("e:")).collect();
+        assert_eq!(events, vec!["e:ns:order.created"]);
+        let uids = named(&payloads);
+        assert_eq!(uids.len(), 600, "named more than once: {payloads:?}");
+        let expected: HashSet<String> = (0..600).map(uuid).collect();
+        assert_eq!(uids.into_iter().collect::<HashSet<_>>(), expected);
+        assert!(payloads.len() >= 5, "{} payloads", payloads.len());
+        store.close().await;
+    }
+
     /// A publish claims, in its own statement, the delivery of each lane it was asked for
     /// that a claim at its time would take, and only those: not under a stale epoch or in
     /// another shard, not a strict-order lane, not past a due delivery of the lane; and its
@@ -1567,6 +1635,15 @@ mod tests {
     }
 
     /// A plain connection beside the store, to look at or hold rows as another process would.
+    /// Polls `done` until it holds, failing after 4 s.
+    async fn until(what: &str, done: impl Fn() -> bool) {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(4);
+        while !done() {
+            assert!(tokio::time::Instant::now() < deadline, "never {what}");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+
     async fn raw(url: &str) -> PgConnection {
         PgConnection::connect(url).await.unwrap()
     }
@@ -1913,8 +1990,8 @@ mod tests {
         let store = Arc::new(connect(&server).await);
         store.upsert_subscription(sub("s")).await.unwrap();
         let mut held = Vec::new();
-        for _ in 0..POOL_SIZE {
-            held.push(store.synced.acquire().await.unwrap());
+        for _ in 0..group_commit::COMMITTERS {
+            held.push(store.committers.acquire().await.unwrap());
         }
         let publishes: Vec<_> = (0..100)
             .map(|i| {
@@ -1969,28 +2046,23 @@ mod tests {
             let store = store.clone();
             tokio::spawn(async move { store.publish(event(&id), vec!["s".into()]).await })
         };
-        let until = |what: &'static str, done: &(dyn Fn() -> bool + Sync)| {
-            let deadline = std::time::Instant::now() + Duration::from_secs(4);
-            while !done() {
-                assert!(std::time::Instant::now() < deadline, "never {what}");
-                std::thread::sleep(Duration::from_millis(5));
-            }
-        };
         // The first commit waits for a connection, the pool's all held here.
         let mut held = Vec::new();
-        for _ in 0..POOL_SIZE {
-            held.push(store.synced.acquire().await.unwrap());
+        for _ in 0..group_commit::COMMITTERS {
+            held.push(store.committers.acquire().await.unwrap());
         }
         let mut publishes = vec![publish("first".into())];
-        until("the first commit written", &|| {
+        until("the first commit written", || {
             store.publishes.writing() == 1
-        });
+        })
+        .await;
         // The next committer takes one and waits for it (OVERLAP_AFTER is 1 s in tests),
         // holding the queue; the other nineteen wait there.
         publishes.extend((0..20).map(|i| publish(format!("w-{i}"))));
-        until("the other twenty handed over", &|| {
+        until("the other twenty handed over", || {
             store.publishes.sent() == 21 && store.publishes.queued() == 19
-        });
+        })
+        .await;
         assert_eq!(
             store.publishes.writing(),
             1,
@@ -2229,13 +2301,6 @@ mod tests {
                     .await
             })
         };
-        let until = |what: &'static str, done: &(dyn Fn() -> bool + Sync)| {
-            let deadline = std::time::Instant::now() + Duration::from_secs(4);
-            while !done() {
-                assert!(std::time::Instant::now() < deadline, "never {what}");
-                std::thread::sleep(Duration::from_millis(5));
-            }
-        };
         // The first statement waits for a connection, the pool's all held here.
         let mut held = Vec::new();
         for _ in 0..completions::RECORDERS {
@@ -2243,15 +2308,17 @@ mod tests {
         }
         let mut claims = claims.into_iter();
         let mut records = vec![record(claims.next().unwrap())];
-        until("the first statement written", &|| {
+        until("the first statement written", || {
             store.completions.writing() == 1
-        });
+        })
+        .await;
         // The next recorder takes one and waits for it (OVERLAP_AFTER is 1 s in tests),
         // holding the queue; the other four wait there.
         records.extend(claims.map(record));
-        until("the other five handed over", &|| {
+        until("the other five handed over", || {
             store.completions.sent() == 6 && store.completions.queued() == 4
-        });
+        })
+        .await;
         assert_eq!(
             store.completions.writing(),
             1,

@@ -40,16 +40,17 @@ const MAX_BATCH_BYTES: usize = 8 << 20;
 /// Publishes waiting for a committer; beyond it a publish waits to be queued (within its
 /// deadline).
 const QUEUE: usize = 4096;
-/// How long a committer's transaction waits for a subscription row. Publishes wait for
-/// what holds one `FOR UPDATE` (a pause, briefly; a removal, as long as it purges the backlog):
+/// How long a committer's transaction waits for a subscription row (set on the committers'
+/// connections, so that a batch costs no statement to say so). Publishes wait for what
+/// holds one `FOR UPDATE` (a pause, briefly; a removal, as long as it purges the backlog):
 /// beyond this the batch is written again one publish at a time, each in a task of its
 /// own, so that only the publish to that subscription waits, and no committer.
-const SHARED_LOCK_TIMEOUT: &str = "SET LOCAL lock_timeout = '250ms'";
+pub(super) const LOCK_TIMEOUT: &str = "250ms";
 /// How long claims a publish may have committed unanswered are offered back (see
 /// [`give_back`]).
 const GIVE_BACK_FOR: std::time::Duration = std::time::Duration::from_secs(600);
 /// A NOTIFY payload must stay under 8,000 bytes.
-const PAYLOAD_BYTES: usize = 7000;
+const PAYLOAD_BYTES: i64 = 7000;
 
 /// A batch of publishes in one statement: per publish (`n`, its place in the batch) the live
 /// targets (held FOR KEY SHARE, in one order for every batch, so that a removal waits for
@@ -69,6 +70,17 @@ const PAYLOAD_BYTES: usize = 7000;
 /// and earlier in the batch), and the subscription does not keep strict order (whose claim
 /// must also see every delivery committed meanwhile: those lanes claim as usual). That is
 /// the claim without a statement of its own, and one row version fewer.
+///
+/// The NOTIFY goes with it (`payloads`, `noticed`): the subscriptions given a delivery this
+/// batch did not claim, each named once, as few payloads of at most `$12` bytes as they
+/// fit in, and per publish to more than one payload names (`wide`) its namespace and type
+/// instead (`e:<namespace>:<type>`). A notice is delivered only once the work is
+/// committed; a claimed lane's attempt is started by its publish, and a notice would only
+/// send its holder to claim again after it. Computed from every delivery made, so after
+/// every lock the statement takes: only then does it lift the lock timeout, since the
+/// commit waits for PostgreSQL's notify lock (notifying commits go one at a time, each
+/// with its flush) and that wait must not fail it. The transaction's id tells, should the
+/// commit go unanswered, whether it happened.
 const PUBLISH: &str = "
     WITH input AS (
         SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::bytea[], $5::bigint[])
@@ -125,12 +137,29 @@ const PUBLISH: &str = "
         LEFT JOIN claiming c ON c.n = live.n AND c.uid = live.uid
         ORDER BY w.n, live.uid
         RETURNING id, event, sub_uid, state
+    ), unclaimed AS MATERIALIZED (
+        SELECT w.n, m.sub_uid FROM written w JOIN made m ON m.event = w.id WHERE m.state = 0
+    ), wide AS MATERIALIZED (
+        SELECT n FROM unclaimed GROUP BY n HAVING sum(octet_length(sub_uid) + 1) > $12
+    ), payloads AS (
+        SELECT DISTINCT 'e:' || i.namespace || ':' || i.event_type AS p
+        FROM wide JOIN input i ON i.n = wide.n
+        UNION ALL
+        SELECT string_agg(uid, ',' ORDER BY uid)
+        FROM (SELECT uid, (sum(octet_length(uid) + 1) OVER (ORDER BY uid) - 1) / $12 AS part
+              FROM (SELECT DISTINCT sub_uid AS uid FROM unclaimed
+                    WHERE n NOT IN (SELECT n FROM wide)) named) parted
+        GROUP BY part
+    ), noticed AS MATERIALIZED (
+        SELECT set_config('lock_timeout', '0', true) AS no_timeout, txid_current() AS xid
+        FROM (SELECT count(pg_notify('herald_new_work', p)) FROM payloads) sent
     )
     SELECT w.n,
            coalesce(array_agg(m.sub_uid) FILTER (WHERE m.sub_uid IS NOT NULL),
                     ARRAY[]::text[]),
            coalesce(array_agg(m.sub_uid) FILTER (WHERE m.state = 1), ARRAY[]::text[]),
-           coalesce(array_agg(m.id) FILTER (WHERE m.state = 1), ARRAY[]::bigint[])
+           coalesce(array_agg(m.id) FILTER (WHERE m.state = 1), ARRAY[]::bigint[]),
+           (SELECT xid FROM noticed)
     FROM written w LEFT JOIN made m ON m.event = w.id
     GROUP BY w.n";
 
@@ -157,13 +186,20 @@ pub(super) struct GroupCommit {
 }
 
 impl GroupCommit {
-    /// Starts the committers, writing through `pool` (whose commits are synchronous).
-    pub(super) fn start(pool: PgPool) -> Self {
+    /// Starts the committers, writing batches through `batches` (whose connections wait
+    /// [`LOCK_TIMEOUT`] for a row lock at most) and publishes on their own through `alone`;
+    /// both commit synchronously.
+    pub(super) fn start(batches: PgPool, alone: PgPool) -> Self {
         let (queue, queued) = mpsc::channel(QUEUE);
         let queued = Arc::new(Mutex::new(queued));
         let writing = Arc::new(Writing::default());
         for _ in 0..COMMITTERS {
-            tokio::spawn(committer(pool.clone(), queued.clone(), writing.clone()));
+            tokio::spawn(committer(
+                batches.clone(),
+                alone.clone(),
+                queued.clone(),
+                writing.clone(),
+            ));
         }
         Self {
             queue,
@@ -229,7 +265,8 @@ impl GroupCommit {
 }
 
 async fn committer(
-    pool: PgPool,
+    batches: PgPool,
+    alone: PgPool,
     queued: Arc<Mutex<mpsc::Receiver<Queued>>>,
     writing: Arc<Writing>,
 ) {
@@ -255,20 +292,22 @@ async fn committer(
             batch
         };
         let _writing = writing.start();
-        commit_and_answer(&pool, batch, &queued).await;
+        commit_and_answer(&batches, &alone, batch, &queued).await;
     }
 }
 
-/// Writes `batch` and answers each of its publishes (and, when the server cannot be
-/// reached, every publish still `queued`).
+/// Writes `batch` through `batches` and answers each of its publishes (and, when the server
+/// cannot be reached, every publish still `queued`); what must go on its own goes through
+/// `pool`, which waits for row locks as long as it takes.
 async fn commit_and_answer(
+    batches: &PgPool,
     pool: &PgPool,
     batch: Vec<Queued>,
     queued: &Mutex<mpsc::Receiver<Queued>>,
 ) {
     let items: Vec<&Queued> = batch.iter().collect();
     let deadline = tokio::time::Instant::now() + OP_TIMEOUT;
-    let written = write_or_give_back(pool, &items, true, deadline).await;
+    let written = write_or_give_back(batches, pool, &items, deadline).await;
     match written {
         Ok(Ok(answers)) => {
             for (item, answer) in batch.into_iter().zip(answers) {
@@ -360,7 +399,7 @@ pub(super) async fn publish_batch(
         .collect();
     let refs: Vec<&Queued> = items.iter().collect();
     let deadline = tokio::time::Instant::now() + OP_TIMEOUT;
-    let answers = match write_or_give_back(pool, &refs, false, deadline).await {
+    let answers = match write_or_give_back(pool, pool, &refs, deadline).await {
         Ok(Ok(answers)) => answers,
         Ok(Err(e)) => return Err(classify(e)),
         Err(_) => return Err(timed_out()),
@@ -380,7 +419,7 @@ fn unreachable(e: &sqlx_core::Error) -> bool {
     !matches!(e, sqlx_core::Error::Database(_)) && is_unavailable(e)
 }
 
-/// A lock wait that outlasted [`SHARED_LOCK_TIMEOUT`].
+/// A lock wait that outlasted [`LOCK_TIMEOUT`].
 fn waited_for_a_lock(e: &sqlx_core::Error) -> bool {
     matches!(e, sqlx_core::Error::Database(db) if db.code().as_deref() == Some("55P03"))
 }
@@ -391,7 +430,7 @@ async fn alone(pool: PgPool, item: Queued) {
     let deadline = tokio::time::Instant::now() + OP_TIMEOUT;
     let answer = async {
         for _ in 0..3 {
-            let written = write_or_give_back(&pool, &[&item], false, deadline).await;
+            let written = write_or_give_back(&pool, &pool, &[&item], deadline).await;
             if let Some(result) = written.map_err(|_| Failed::Timeout)??.remove(0) {
                 return Ok(result);
             }
@@ -449,26 +488,27 @@ fn answer_or_give_back(
     }
 }
 
-/// [`write`] by `deadline`. When it fails or runs out of time after its statement claimed
-/// deliveries, its commit may have happened unanswered (the connection broke while
-/// committing): nobody would send what it claimed, so the claims are given back.
+/// [`write`] through `pool` by `deadline`. When it fails or runs out of time after its
+/// statement claimed deliveries, its commit may have happened unanswered (the connection
+/// broke while committing): nobody would send what it claimed, so the claims are given
+/// back, through `back`.
 async fn write_or_give_back(
     pool: &PgPool,
+    back: &PgPool,
     items: &[&Queued],
-    shared: bool,
     deadline: tokio::time::Instant,
 ) -> std::result::Result<
     std::result::Result<Vec<Option<Published>>, sqlx_core::Error>,
     tokio::time::error::Elapsed,
 > {
     let mut claimed = Unanswered::default();
-    let written = tokio::time::timeout_at(deadline, write(pool, items, shared, &mut claimed)).await;
+    let written = tokio::time::timeout_at(deadline, write(pool, items, &mut claimed)).await;
     // Without a transaction id the commit was never asked for: nothing was written.
     if !matches!(written, Ok(Ok(_)))
         && !claimed.ids.is_empty()
         && let Some(xid) = claimed.xid
     {
-        tokio::spawn(give_back(pool.clone(), claimed.ids, Some(xid)));
+        tokio::spawn(give_back(back.clone(), claimed.ids, Some(xid)));
     }
     written
 }
@@ -550,15 +590,13 @@ fn timed_out() -> Error {
     ))
 }
 
-/// One transaction for `items` (one statement, see [`PUBLISH`]) with one NOTIFY (see
-/// [`Notices::payloads`]): per item its result, or `None` where the event id existed
-/// (nothing was written for it) or came earlier in `items` (the caller writes it again on
-/// its own, which answers it as a repeat). `shared`: a committer's transaction, which
-/// waits for no row lock longer than [`SHARED_LOCK_TIMEOUT`] says.
+/// One transaction for `items`, one statement and its NOTIFY (see [`PUBLISH`]): per item
+/// its result, or `None` where the event id existed (nothing was written for it) or came
+/// earlier in `items` (the caller writes it again on its own, which answers it as a
+/// repeat). Three round trips: BEGIN, the statement, COMMIT.
 async fn write(
     pool: &PgPool,
     items: &[&Queued],
-    shared: bool,
     claimed: &mut Unanswered,
 ) -> std::result::Result<Vec<Option<Published>>, sqlx_core::Error> {
     // One statement cannot both insert an id and see that insert conflict: a repeat
@@ -590,9 +628,6 @@ async fn write(
         }
     }
     let mut tx = pool.begin().await?;
-    if shared {
-        query(SHARED_LOCK_TIMEOUT).execute(&mut *tx).await?;
-    }
     let rows = query(PUBLISH)
         .bind(column(&batch, |e| e.namespace.as_str()))
         .bind(column(&batch, |e| e.event_id.as_str()))
@@ -605,6 +640,7 @@ async fn write(
         .bind(asked_uid)
         .bind(asked_shard)
         .bind(asked_epoch)
+        .bind(PAYLOAD_BYTES)
         .fetch_all(&mut *tx)
         .await?;
     // Per publish written: its deliveries' subscriptions, and those made claimed with
@@ -616,21 +652,13 @@ async fn write(
         if let Some(slot) = usize::try_from(n - 1).ok().and_then(|n| made.get_mut(n)) {
             let made_claimed: Vec<i64> = row.try_get(3)?;
             claimed.ids.extend(&made_claimed);
+            claimed.xid = row.try_get(4)?;
             *slot = Some((row.try_get(1)?, row.try_get(2)?, made_claimed));
         }
     }
-    let mut notices = Notices::default();
     let mut written = made.into_iter().zip(&batch).map(|(made, item)| {
         let (made, claimed_uids, claimed_ids) = made?;
         let event = &item.event;
-        // A lane whose delivery was claimed here has its attempt started by this publish:
-        // a notice would only send its holder to claim again after it.
-        let unclaimed: Vec<String> = made
-            .iter()
-            .filter(|uid| !claimed_uids.contains(uid))
-            .cloned()
-            .collect();
-        notices.add(&event.namespace, &event.event_type, &unclaimed);
         let made: BTreeSet<&str> = made.iter().map(String::as_str).collect();
         let live: Vec<String> = item
             .targets
@@ -675,22 +703,6 @@ async fn write(
         })
         .collect();
     drop(written);
-    let payloads = notices.payloads();
-    if shared || !payloads.is_empty() || !claimed.ids.is_empty() {
-        // In the transaction: a notice is delivered only once the work is committed. The
-        // lock timeout ends here: the commit waits for PostgreSQL's notify lock (notifying
-        // commits go one at a time, each with its flush), and that wait must not fail it.
-        // The transaction's id tells, should the commit go unanswered, whether it happened.
-        let row = query(
-            "SELECT set_config('lock_timeout', '0', true), count(pg_notify('herald_new_work', p)),
-                    txid_current()
-             FROM unnest($1::text[]) AS p",
-        )
-        .bind(&payloads)
-        .fetch_one(&mut *tx)
-        .await?;
-        claimed.xid = Some(row.try_get(2)?);
-    }
     tx.commit().await?;
     Ok(answers)
 }
@@ -698,82 +710,4 @@ async fn write(
 /// One field of every event in `batch`, as an array to bind.
 fn column<'a, T>(batch: &[&'a Queued], field: impl Fn(&'a NewEvent) -> T) -> Vec<T> {
     batch.iter().map(|i| field(&i.event)).collect()
-}
-
-/// What one transaction's publishes gave work to, as `herald_new_work` payloads.
-#[derive(Default)]
-struct Notices {
-    subscriptions: BTreeSet<String>,
-    /// (namespace, type) of each publish to more subscriptions than one payload names.
-    events: BTreeSet<(String, String)>,
-}
-
-impl Notices {
-    fn add(&mut self, namespace: &str, event_type: &str, made: &[String]) {
-        if made.iter().map(|uid| uid.len() + 1).sum::<usize>() > PAYLOAD_BYTES {
-            self.events
-                .insert((namespace.to_string(), event_type.to_string()));
-        } else {
-            self.subscriptions.extend(made.iter().cloned());
-        }
-    }
-
-    /// `e:<namespace>:<type>` per wide publish, and the other subscriptions' uids joined by
-    /// commas, as few payloads as fit.
-    fn payloads(self) -> Vec<String> {
-        let mut payloads: Vec<String> = self
-            .events
-            .into_iter()
-            .map(|(namespace, event_type)| format!("e:{namespace}:{event_type}"))
-            .collect();
-        let mut current = String::new();
-        for uid in self.subscriptions {
-            if !current.is_empty() && current.len() + 1 + uid.len() > PAYLOAD_BYTES {
-                payloads.push(std::mem::take(&mut current));
-            }
-            if !current.is_empty() {
-                current.push(',');
-            }
-            current.push_str(&uid);
-        }
-        if !current.is_empty() {
-            payloads.push(current);
-        }
-        payloads
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn payloads_name_each_subscription_once_and_fit() {
-        let mut notices = Notices::default();
-        let narrow: Vec<String> = (0..3).map(|i| format!("uid-{i}")).collect();
-        notices.add("ns", "a", &narrow);
-        notices.add("ns", "b", &narrow[..1]);
-        assert_eq!(notices.payloads(), vec!["uid-0,uid-1,uid-2"]);
-
-        let mut notices = Notices::default();
-        let uuid = |i: usize| format!("00000000-0000-7000-8000-{i:012}");
-        // Each publish names few; together they need several payloads.
-        for chunk in (0..600).collect::<Vec<_>>().chunks(100) {
-            let made: Vec<String> = chunk.iter().map(|&i| uuid(i)).collect();
-            notices.add("ns", "t", &made);
-        }
-        // One publish to more than a payload holds is named by its namespace and type.
-        let wide: Vec<String> = (1000..1250).map(uuid).collect();
-        notices.add("ns", "order.created", &wide);
-        let payloads = notices.payloads();
-        assert_eq!(payloads[0], "e:ns:order.created");
-        assert!(
-            payloads.iter().all(|p| p.len() <= PAYLOAD_BYTES),
-            "{payloads:?}"
-        );
-        let named: Vec<&str> = payloads[1..].iter().flat_map(|p| p.split(',')).collect();
-        assert_eq!(named.len(), 600);
-        assert_eq!(named.iter().collect::<BTreeSet<_>>().len(), 600);
-        assert!(payloads.len() >= 3);
-    }
 }
