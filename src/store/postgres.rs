@@ -90,6 +90,11 @@ const MIGRATIONS: &[(i64, &str, &str)] = &[
         "gone and order",
         include_str!("postgres/0003_gone_and_order.sql"),
     ),
+    (
+        4,
+        "publish claims",
+        include_str!("postgres/0004_publish_claims.sql"),
+    ),
 ];
 
 /// Connections per writing pool (two per process). With the committers' and the
@@ -1055,6 +1060,7 @@ impl Store for PostgresStore {
             let mut removed = 0;
             for sql in [
                 "DELETE FROM attempt_log WHERE at_ms < $1",
+                "DELETE FROM publish_claims WHERE at_ms < $1",
                 "DELETE FROM deliveries WHERE state = 2 AND finished_ms < $1",
                 "DELETE FROM deliveries WHERE sub_uid IN (SELECT uid FROM subscriptions WHERE NOT live)",
                 // A statement of its own: it must see the deliveries just deleted as gone.
@@ -1558,31 +1564,20 @@ mod tests {
         store.close().await;
     }
 
-    /// What a publish claimed and nobody will send (its commit went unanswered, or its
-    /// publisher gave up waiting) is given back: due again, its attempt not counted, once
-    /// the transaction is known to have committed; nothing when it rolled back.
+    /// What a publish claimed and nobody will send (its answer was lost, or its publisher
+    /// gave up waiting) is given back: due again, its attempt not counted; found by the
+    /// batch's key once its statement is done, and nothing when it never committed, which a
+    /// statement arriving after its give-back then cannot either.
     #[tokio::test]
     async fn claims_of_an_unanswered_publish_are_given_back() {
         let Some(server) = Postgres::start() else {
             return;
         };
         let store = connect(&server).await;
-        for uid in ["g1", "g2", "g3"] {
+        for uid in ["g1", "g2", "g3", "g4"] {
             store.upsert_subscription(sub(uid)).await.unwrap();
         }
-        let mut claimed = Vec::new();
-        for uid in ["g1", "g2", "g3"] {
-            let (_, c) = store
-                .publish_and_claim(
-                    event(&format!("e-{uid}")),
-                    vec![uid.into()],
-                    vec![(uid.into(), None)],
-                )
-                .await
-                .unwrap();
-            assert_eq!(c.len(), 1, "{uid} was not claimed with its publish");
-            claimed.push(c[0].delivery_id);
-        }
+        let claims = |uid: &str| vec![(uid.to_string(), None)];
         let in_flight = |uid: &'static str| {
             let store = &store;
             async move {
@@ -1592,45 +1587,101 @@ mod tests {
                 )
             }
         };
+        let given_back = |uid: &'static str, id: i64| {
+            let store = &store;
+            async move {
+                match store.claim_next(uid, 100).await.unwrap() {
+                    Claim::Claimed(c) => assert_eq!((c.delivery_id, c.attempt), (id, 1)),
+                    Claim::Idle { .. } => panic!("{uid}'s claim was not given back"),
+                }
+            }
+        };
+        let claimed_by = |published: Option<group_commit::Published>| {
+            let (_, claimed) = published.expect("written");
+            assert_eq!(claimed.len(), 1, "not claimed with its publish");
+            claimed[0].delivery_id
+        };
+
         // The publisher gone after the commit: given back at once.
-        group_commit::give_back(store.synced.clone(), vec![claimed[0]], None).await;
-        match store.claim_next("g1", 100).await.unwrap() {
-            Claim::Claimed(c) => assert_eq!((c.delivery_id, c.attempt), (claimed[0], 1)),
-            Claim::Idle { .. } => panic!("g1's claim was not given back"),
-        }
-        // A commit still under way: nothing given back until it is done.
+        let (_, c) = store
+            .publish_and_claim(event("e-g1"), vec!["g1".into()], claims("g1"))
+            .await
+            .unwrap();
+        group_commit::give_back(store.synced.clone(), vec![c[0].delivery_id]).await;
+        given_back("g1", c[0].delivery_id).await;
+
+        // Committed, its answer lost: found by its key.
+        let written = group_commit::write_keyed(
+            &store.synced,
+            event("e-g2"),
+            vec!["g2".into()],
+            claims("g2"),
+            2,
+        )
+        .await
+        .unwrap();
+        let g2 = claimed_by(written);
+        assert!(in_flight("g2").await);
+        group_commit::give_back_unanswered(store.synced.clone(), 2).await;
+        given_back("g2", g2).await;
+
+        // A statement still writing its key: nothing given back until it is done.
+        let (_, c) = store
+            .publish_and_claim(event("e-g3"), vec!["g3".into()], claims("g3"))
+            .await
+            .unwrap();
+        let g3 = c[0].delivery_id;
         let mut other = raw(&server.url).await;
         query("BEGIN").execute(&mut other).await.unwrap();
-        let xid: i64 = query_scalar("SELECT txid_current()")
-            .fetch_one(&mut other)
+        query("INSERT INTO publish_claims VALUES (3, 100, $1)")
+            .bind(vec![g3])
+            .execute(&mut other)
             .await
             .unwrap();
-        let waiting = group_commit::give_back(store.synced.clone(), vec![claimed[1]], Some(xid));
+        let waiting = tokio::spawn(group_commit::give_back_unanswered(store.synced.clone(), 3));
+        tokio::time::sleep(Duration::from_millis(500)).await;
         assert!(
-            tokio::time::timeout(Duration::from_millis(500), waiting)
-                .await
-                .is_err(),
-            "gave back before the transaction was done"
+            !waiting.is_finished(),
+            "gave back before the statement was done"
         );
-        assert!(
-            in_flight("g2").await,
-            "g2 given back while its publish committed"
-        );
-        query("COMMIT").execute(&mut other).await.unwrap();
-        group_commit::give_back(store.synced.clone(), vec![claimed[1]], Some(xid)).await;
-        assert!(!in_flight("g2").await, "g2's claim was not given back");
-        // Rolled back: there was nothing to give back (here g3's claim stays).
-        query("BEGIN").execute(&mut other).await.unwrap();
-        let xid: i64 = query_scalar("SELECT txid_current()")
-            .fetch_one(&mut other)
-            .await
-            .unwrap();
-        query("ROLLBACK").execute(&mut other).await.unwrap();
-        group_commit::give_back(store.synced.clone(), vec![claimed[2]], Some(xid)).await;
         assert!(
             in_flight("g3").await,
-            "a rolled-back transaction's ids were given back"
+            "g3 given back while its publish was writing"
         );
+        query("COMMIT").execute(&mut other).await.unwrap();
+        tokio::time::timeout(Duration::from_secs(10), waiting)
+            .await
+            .expect("the give-back waited on")
+            .unwrap();
+        given_back("g3", g3).await;
+
+        // Never arrived: the give-back writes the key, and the statement arriving after it
+        // fails on it, claiming and writing nothing.
+        group_commit::give_back_unanswered(store.synced.clone(), 4).await;
+        let late = group_commit::write_keyed(
+            &store.synced,
+            event("e-g4"),
+            vec!["g4".into()],
+            claims("g4"),
+            4,
+        )
+        .await;
+        assert!(late.is_err(), "a statement after its give-back was written");
+        assert!(store.published("ns", "e-g4").await.unwrap().is_none());
+
+        // Keys of answered batches are forgotten by the statements after them.
+        for i in 0..4 {
+            store
+                .publish_and_claim(event(&format!("f-{i}")), vec!["g4".into()], claims("g4"))
+                .await
+                .unwrap();
+        }
+        let kept: i64 =
+            query_scalar("SELECT count(*) FROM publish_claims WHERE batch NOT IN (2, 3, 4)")
+                .fetch_one(&mut other)
+                .await
+                .unwrap();
+        assert_eq!(kept, 1, "only the last answered batch's key is left");
         store.close().await;
     }
 

@@ -79,8 +79,12 @@ const PAYLOAD_BYTES: i64 = 7000;
 /// send its holder to claim again after it. Computed from every delivery made, so after
 /// every lock the statement takes: only then does it lift the lock timeout, since the
 /// commit waits for PostgreSQL's notify lock (notifying commits go one at a time, each
-/// with its flush) and that wait must not fail it. The transaction's id tells, should the
-/// commit go unanswered, whether it happened.
+/// with its flush) and that wait must not fail it.
+///
+/// The statement is its own transaction (no BEGIN, no COMMIT: one round trip), so its
+/// answer comes with its commit. Should that answer be lost, what it claimed is kept under
+/// the batch's key (`$13`, in `publish_claims`, see [`give_back_unanswered`]); keys of
+/// batches answered since are deleted (`$14`).
 const PUBLISH: &str = "
     WITH input AS (
         SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::bytea[], $5::bigint[])
@@ -151,15 +155,23 @@ const PUBLISH: &str = "
                     WHERE n NOT IN (SELECT n FROM wide)) named) parted
         GROUP BY part
     ), noticed AS MATERIALIZED (
-        SELECT set_config('lock_timeout', '0', true) AS no_timeout, txid_current() AS xid
+        SELECT set_config('lock_timeout', '0', true) AS no_timeout
         FROM (SELECT count(pg_notify('herald_new_work', p)) FROM payloads) sent
+    ), kept AS (
+        INSERT INTO publish_claims (batch, at_ms, deliveries)
+        SELECT $13, (SELECT min(published_ms) FROM input), array_agg(id)
+        FROM made WHERE state = 1
+        HAVING count(*) > 0
+    ), forgotten AS (
+        DELETE FROM publish_claims WHERE batch = ANY($14::bigint[])
     )
     SELECT w.n,
            coalesce(array_agg(m.sub_uid) FILTER (WHERE m.sub_uid IS NOT NULL),
                     ARRAY[]::text[]),
            coalesce(array_agg(m.sub_uid) FILTER (WHERE m.state = 1), ARRAY[]::text[]),
            coalesce(array_agg(m.id) FILTER (WHERE m.state = 1), ARRAY[]::bigint[]),
-           (SELECT xid FROM noticed)
+           -- Its NOTIFY sent, once, after every lock taken.
+           (SELECT count(*) FROM noticed)
     FROM written w LEFT JOIN made m ON m.event = w.id
     GROUP BY w.n";
 
@@ -193,12 +205,14 @@ impl GroupCommit {
         let (queue, queued) = mpsc::channel(QUEUE);
         let queued = Arc::new(Mutex::new(queued));
         let writing = Arc::new(Writing::default());
+        let answered = Arc::new(Answered::default());
         for _ in 0..COMMITTERS {
             tokio::spawn(committer(
                 batches.clone(),
                 alone.clone(),
                 queued.clone(),
                 writing.clone(),
+                answered.clone(),
             ));
         }
         Self {
@@ -269,6 +283,7 @@ async fn committer(
     alone: PgPool,
     queued: Arc<Mutex<mpsc::Receiver<Queued>>>,
     writing: Arc<Writing>,
+    answered: Arc<Answered>,
 ) {
     loop {
         let batch = {
@@ -292,7 +307,7 @@ async fn committer(
             batch
         };
         let _writing = writing.start();
-        commit_and_answer(&batches, &alone, batch, &queued).await;
+        commit_and_answer(&batches, &alone, batch, &queued, &answered).await;
     }
 }
 
@@ -304,10 +319,11 @@ async fn commit_and_answer(
     pool: &PgPool,
     batch: Vec<Queued>,
     queued: &Mutex<mpsc::Receiver<Queued>>,
+    answered: &Arc<Answered>,
 ) {
     let items: Vec<&Queued> = batch.iter().collect();
     let deadline = tokio::time::Instant::now() + OP_TIMEOUT;
-    let written = write_or_give_back(batches, pool, &items, deadline).await;
+    let written = write_or_give_back(batches, pool, &items, deadline, answered).await;
     match written {
         Ok(Ok(answers)) => {
             for (item, answer) in batch.into_iter().zip(answers) {
@@ -315,7 +331,7 @@ async fn commit_and_answer(
                     Some(result) => answer_or_give_back(pool, item.answer, result),
                     // Its answer may mean writing it again: on its own, as below.
                     None => {
-                        tokio::spawn(alone(pool.clone(), item));
+                        tokio::spawn(alone(pool.clone(), item, answered.clone()));
                     }
                 }
             }
@@ -347,7 +363,7 @@ async fn commit_and_answer(
         // transaction of its own, side by side, answered as soon as it commits.
         Ok(Err(e)) if waited_for_a_lock(&e) || batch.len() > 1 => {
             for item in batch {
-                tokio::spawn(alone(pool.clone(), item));
+                tokio::spawn(alone(pool.clone(), item, answered.clone()));
             }
         }
         // The server refused the one publish, or cannot take work now: it is told so.
@@ -399,7 +415,9 @@ pub(super) async fn publish_batch(
         .collect();
     let refs: Vec<&Queued> = items.iter().collect();
     let deadline = tokio::time::Instant::now() + OP_TIMEOUT;
-    let answers = match write_or_give_back(pool, pool, &refs, deadline).await {
+    // It claims nothing, so it keeps no key to forget.
+    let answers = match write_or_give_back(pool, pool, &refs, deadline, &Answered::default()).await
+    {
         Ok(Ok(answers)) => answers,
         Ok(Err(e)) => return Err(classify(e)),
         Err(_) => return Err(timed_out()),
@@ -426,11 +444,11 @@ fn waited_for_a_lock(e: &sqlx_core::Error) -> bool {
 
 /// Writes one publish in a transaction of its own and answers it: for an id that existed,
 /// with the first publish's answer (written again if that was pruned in between).
-async fn alone(pool: PgPool, item: Queued) {
+async fn alone(pool: PgPool, item: Queued, answered: Arc<Answered>) {
     let deadline = tokio::time::Instant::now() + OP_TIMEOUT;
     let answer = async {
         for _ in 0..3 {
-            let written = write_or_give_back(&pool, &pool, &[&item], deadline).await;
+            let written = write_or_give_back(&pool, &pool, &[&item], deadline, &answered).await;
             if let Some(result) = written.map_err(|_| Failed::Timeout)??.remove(0) {
                 return Ok(result);
             }
@@ -484,97 +502,155 @@ fn answer_or_give_back(
         && !claimed.is_empty()
     {
         let ids = claimed.iter().map(|c| c.delivery_id).collect();
-        tokio::spawn(give_back(pool.clone(), ids, None));
+        tokio::spawn(give_back(pool.clone(), ids));
     }
 }
 
-/// [`write`] through `pool` by `deadline`. When it fails or runs out of time after its
-/// statement claimed deliveries, its commit may have happened unanswered (the connection
-/// broke while committing): nobody would send what it claimed, so the claims are given
-/// back, through `back`.
+/// [`write`] through `pool` by `deadline`. When it fails or runs out of time unanswered
+/// after asking for claims, its statement may still have committed (the connection broke
+/// with the answer on its way, or the statement arrives late): nobody would send what it
+/// claimed, so that is given back, through `back` (see [`give_back_unanswered`]).
 async fn write_or_give_back(
     pool: &PgPool,
     back: &PgPool,
     items: &[&Queued],
     deadline: tokio::time::Instant,
+    answered: &Answered,
 ) -> std::result::Result<
     std::result::Result<Vec<Option<Published>>, sqlx_core::Error>,
     tokio::time::error::Elapsed,
 > {
-    let mut claimed = Unanswered::default();
-    let written = tokio::time::timeout_at(deadline, write(pool, items, &mut claimed)).await;
-    // Without a transaction id the commit was never asked for: nothing was written.
-    if !matches!(written, Ok(Ok(_)))
-        && !claimed.ids.is_empty()
-        && let Some(xid) = claimed.xid
-    {
-        tokio::spawn(give_back(back.clone(), claimed.ids, Some(xid)));
+    let batch = rand::random::<i64>();
+    let forget = answered.take();
+    let written = tokio::time::timeout_at(deadline, write(pool, items, batch, &forget)).await;
+    match &written {
+        Ok(Ok(answers)) => {
+            if answers
+                .iter()
+                .flatten()
+                .any(|(_, claimed)| !claimed.is_empty())
+            {
+                answered.add(batch);
+            }
+        }
+        // Even an error from the server may have come after the commit (the connection
+        // ended by a shutdown then): failures are rare, and the give-back settles it.
+        _ => {
+            answered.put_back(forget);
+            if items.iter().any(|i| !i.claims.is_empty()) {
+                tokio::spawn(give_back_unanswered(back.clone(), batch));
+            }
+        }
     }
     written
 }
 
-/// What a write claimed, and its transaction once the commit is about to be asked for.
+/// Keys of batches whose claims came back with their answer: the next statement deletes
+/// their rows of `publish_claims` (nothing else needs them), so the table holds a few rows.
 #[derive(Default)]
-struct Unanswered {
-    ids: Vec<i64>,
-    xid: Option<i64>,
+pub(super) struct Answered(std::sync::Mutex<Vec<i64>>);
+
+/// Keys a statement deletes at most.
+const FORGET: usize = 512;
+
+impl Answered {
+    fn add(&self, batch: i64) {
+        let mut keys = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        // Beyond this, rows are left to the history's pruning.
+        if keys.len() < 4 * FORGET {
+            keys.push(batch);
+        }
+    }
+
+    fn take(&self) -> Vec<i64> {
+        let mut keys = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let from = keys.len().saturating_sub(FORGET);
+        keys.split_off(from)
+    }
+
+    /// Keys a statement took and may not have deleted (deleting one twice does nothing).
+    fn put_back(&self, forget: Vec<i64>) {
+        let mut keys = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        keys.extend(forget);
+    }
 }
 
-/// Makes deliveries a publish claimed due again, once its transaction (`xid`, when its
-/// commit went unanswered) has committed, while they are still in flight under that claim
-/// (their first attempt: a take-over since made them due, and another claim counted a
-/// second), and wakes their lanes' holder. Retried while the server cannot be reached or
-/// the transaction is still committing, for up to [`GIVE_BACK_FOR`]; after that they are
-/// due again at the next take-over of their shard.
-pub(super) async fn give_back(pool: PgPool, ids: Vec<i64>, xid: Option<i64>) {
+/// A batch's statement went unanswered: whether it committed is found through its key.
+/// Writing the key first (an insert waits for a statement still writing it) settles it:
+/// written here, the statement never committed and now never will with a claim (it would
+/// fail on the key); already there, it committed, and its row names what it claimed, which
+/// is given back as after a publisher gone ([`give_back`]).
+pub(super) async fn give_back_unanswered(pool: PgPool, batch: i64) {
+    retrying("giving back what an unanswered publish claimed", || async {
+        let settled: Option<i64> = query_scalar(
+            "INSERT INTO publish_claims (batch, at_ms, deliveries)
+             VALUES ($1, (extract(epoch FROM clock_timestamp()) * 1000)::bigint, '{}')
+             ON CONFLICT (batch) DO NOTHING
+             RETURNING batch",
+        )
+        .bind(batch)
+        .fetch_optional(&pool)
+        .await?;
+        if settled.is_some() {
+            return Ok(());
+        }
+        // A statement of its own: it must see a row committed while the insert waited.
+        let claimed: Option<Vec<i64>> =
+            query_scalar("SELECT deliveries FROM publish_claims WHERE batch = $1")
+                .bind(batch)
+                .fetch_optional(&pool)
+                .await?;
+        put_back(&pool, &claimed.unwrap_or_default()).await
+    })
+    .await
+}
+
+/// Makes deliveries a publish claimed and nobody will send (its publisher gave up waiting)
+/// due again, while they are still in flight under that claim (their first attempt: a
+/// take-over since made them due, and another claim counted a second), and wakes their
+/// lanes' holder.
+pub(super) async fn give_back(pool: PgPool, ids: Vec<i64>) {
+    retrying("giving back what an unanswered publish claimed", || {
+        put_back(&pool, &ids)
+    })
+    .await
+}
+
+async fn put_back(pool: &PgPool, ids: &[i64]) -> std::result::Result<(), sqlx_core::Error> {
+    query(
+        "WITH back AS (
+             UPDATE deliveries SET state = 0, attempts = attempts - 1
+             WHERE id = ANY($1) AND state = 1 AND attempts = 1
+             RETURNING sub_uid
+         )
+         SELECT count(pg_notify('herald_new_work', uid))
+         FROM (SELECT DISTINCT sub_uid AS uid FROM back) b",
+    )
+    .bind(ids)
+    .execute(pool)
+    .await
+    .map(|_| ())
+}
+
+/// Runs `step` until it succeeds, each time within [`OP_TIMEOUT`], while the server cannot
+/// be reached or a statement it waits for is still writing, for up to [`GIVE_BACK_FOR`];
+/// after that the deliveries are due again at the next take-over of their shard.
+async fn retrying<F, Fut>(what: &str, step: F)
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = std::result::Result<(), sqlx_core::Error>>,
+{
     let started = tokio::time::Instant::now();
     let mut backoff = std::time::Duration::from_millis(100);
     loop {
-        let given = tokio::time::timeout(OP_TIMEOUT, async {
-            // A transaction still committing has not made its rows visible yet.
-            if let Some(xid) = xid {
-                let status: Option<String> = query_scalar("SELECT txid_status($1)")
-                    .bind(xid)
-                    .fetch_one(&pool)
-                    .await?;
-                match status.as_deref() {
-                    Some("committed") => {}
-                    Some("in progress") => return Ok(false),
-                    // Rolled back, or too old to tell (then long since answered by a
-                    // take-over).
-                    _ => return Ok(true),
-                }
-            }
-            query(
-                "WITH back AS (
-                     UPDATE deliveries SET state = 0, attempts = attempts - 1
-                     WHERE id = ANY($1) AND state = 1 AND attempts = 1
-                     RETURNING sub_uid
-                 )
-                 SELECT count(pg_notify('herald_new_work', uid))
-                 FROM (SELECT DISTINCT sub_uid AS uid FROM back) b",
-            )
-            .bind(&ids)
-            .execute(&pool)
-            .await
-            .map(|_| true)
-        })
-        .await;
-        match given {
-            Ok(Ok(true)) => return,
-            Ok(Ok(false)) => {}
-            Ok(Err(e)) => {
-                tracing::warn!(error = %classify(e), deliveries = ids.len(), "giving back what an unanswered publish claimed failed; retrying")
-            }
-            Err(_) => tracing::warn!(
-                deliveries = ids.len(),
-                "giving back what an unanswered publish claimed timed out; retrying"
-            ),
+        match tokio::time::timeout(OP_TIMEOUT, step()).await {
+            Ok(Ok(())) => return,
+            Ok(Err(e)) => tracing::warn!(error = %classify(e), "{what} failed; retrying"),
+            Err(_) => tracing::warn!("{what} timed out; retrying"),
         }
         if started.elapsed() >= GIVE_BACK_FOR {
             tracing::error!(
-                deliveries = ids.len(),
-                "could not give back what an unanswered publish claimed; those deliveries are due again when their shard is next taken"
+                "{what}: gave up; those deliveries are due again when their shard is next taken"
             );
             return;
         }
@@ -590,14 +666,15 @@ fn timed_out() -> Error {
     ))
 }
 
-/// One transaction for `items`, one statement and its NOTIFY (see [`PUBLISH`]): per item
-/// its result, or `None` where the event id existed (nothing was written for it) or came
-/// earlier in `items` (the caller writes it again on its own, which answers it as a
-/// repeat). Three round trips: BEGIN, the statement, COMMIT.
+/// One statement for `items`, its own transaction, with its NOTIFY (see [`PUBLISH`]): per
+/// item its result, or `None` where the event id existed (nothing was written for it) or
+/// came earlier in `items` (the caller writes it again on its own, which answers it as a
+/// repeat). What it claims is kept under `batch`; the rows of batches `forget` are deleted.
 async fn write(
     pool: &PgPool,
     items: &[&Queued],
-    claimed: &mut Unanswered,
+    batch_key: i64,
+    forget: &[i64],
 ) -> std::result::Result<Vec<Option<Published>>, sqlx_core::Error> {
     // One statement cannot both insert an id and see that insert conflict: a repeat
     // within the batch is left out of it.
@@ -627,7 +704,6 @@ async fn write(
             asked_epoch.push(fence.map(|f| f.epoch));
         }
     }
-    let mut tx = pool.begin().await?;
     let rows = query(PUBLISH)
         .bind(column(&batch, |e| e.namespace.as_str()))
         .bind(column(&batch, |e| e.event_id.as_str()))
@@ -641,7 +717,9 @@ async fn write(
         .bind(asked_shard)
         .bind(asked_epoch)
         .bind(PAYLOAD_BYTES)
-        .fetch_all(&mut *tx)
+        .bind(batch_key)
+        .bind(forget)
+        .fetch_all(pool)
         .await?;
     // Per publish written: its deliveries' subscriptions, and those made claimed with
     // their ids.
@@ -650,10 +728,7 @@ async fn write(
     for row in rows {
         let n: i64 = row.try_get(0)?;
         if let Some(slot) = usize::try_from(n - 1).ok().and_then(|n| made.get_mut(n)) {
-            let made_claimed: Vec<i64> = row.try_get(3)?;
-            claimed.ids.extend(&made_claimed);
-            claimed.xid = row.try_get(4)?;
-            *slot = Some((row.try_get(1)?, row.try_get(2)?, made_claimed));
+            *slot = Some((row.try_get(1)?, row.try_get(2)?, row.try_get(3)?));
         }
     }
     let mut written = made.into_iter().zip(&batch).map(|(made, item)| {
@@ -703,8 +778,26 @@ async fn write(
         })
         .collect();
     drop(written);
-    tx.commit().await?;
     Ok(answers)
+}
+
+/// Writes one publish as a batch keyed `batch` would, claiming what `claims` asks for: a
+/// batch whose answer a test throws away, or that arrives after its give-back.
+#[cfg(test)]
+pub(super) async fn write_keyed(
+    pool: &PgPool,
+    event: NewEvent,
+    targets: Vec<String>,
+    claims: Vec<(String, Option<ShardFence>)>,
+    batch: i64,
+) -> std::result::Result<Option<Published>, sqlx_core::Error> {
+    let item = Queued {
+        event,
+        targets,
+        claims,
+        answer: oneshot::channel().0,
+    };
+    Ok(write(pool, &[&item], batch, &[]).await?.remove(0))
 }
 
 /// One field of every event in `batch`, as an array to bind.
