@@ -1134,16 +1134,7 @@ async fn api_server_outage() {
     }
 
     let apiserver = cp.pid("kube-apiserver");
-    let signal = |sig: &str| {
-        assert!(
-            std::process::Command::new("kill")
-                .arg(format!("-{sig}"))
-                .arg(apiserver.to_string())
-                .status()
-                .unwrap()
-                .success()
-        );
-    };
+    let signal = |sig: &str| support::signal(apiserver, sig);
     signal("STOP");
     let stopped = Instant::now();
     let during = std::panic::AssertUnwindSafe(async {

@@ -11,6 +11,42 @@ pub mod receiver;
 pub mod scale_out;
 pub mod tls;
 
+/// Sends signal `name` (STOP, CONT, ...) to process `pid`. `kill` returns once the signal
+/// is queued, while the process's threads stop one by one as each is next scheduled (on a
+/// loaded machine, milliseconds later, and an API server answers meanwhile): after STOP
+/// this waits until every thread of it is stopped.
+pub fn signal(pid: u32, name: &str) {
+    // `kill -STOP 0` would stop the whole process group, this test included.
+    assert_ne!(pid, 0, "no process to send {name} to");
+    let status = std::process::Command::new("kill")
+        .arg(format!("-{name}"))
+        .arg(pid.to_string())
+        .status()
+        .unwrap();
+    assert!(status.success(), "kill -{name} {pid} failed");
+    if name != "STOP" {
+        return;
+    }
+    let stopped = |task: std::fs::DirEntry| {
+        // The state follows the command name, which is in parentheses and may hold spaces.
+        std::fs::read_to_string(task.path().join("stat")).is_ok_and(|stat| {
+            stat.rsplit_once(") ")
+                .is_some_and(|(_, rest)| rest.starts_with(['T', 't']))
+        })
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !std::fs::read_dir(format!("/proc/{pid}/task"))
+        .unwrap_or_else(|e| panic!("process {pid} gone after SIGSTOP: {e}"))
+        .all(|task| stopped(task.unwrap()))
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "process {pid} did not stop within 10 s of SIGSTOP"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    }
+}
+
 /// A new empty folder `<temp>/<prefix>-<pid>-<n>` for one test's files.
 pub fn fresh_dir(prefix: &str) -> std::path::PathBuf {
     use std::sync::atomic::{AtomicU32, Ordering};

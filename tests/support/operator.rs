@@ -125,12 +125,7 @@ impl Operator {
 
     /// Sends a signal (STOP, CONT, ...) to the herald process.
     pub fn signal(&self, name: &str) {
-        let status = Command::new("kill")
-            .arg(format!("-{name}"))
-            .arg(self.pid().to_string())
-            .status()
-            .unwrap();
-        assert!(status.success(), "kill -{name} failed");
+        super::signal(self.pid(), name);
     }
 
     /// Starts again on the same data folder.
