@@ -669,7 +669,8 @@ fn timed_out() -> Error {
 /// One statement for `items`, its own transaction, with its NOTIFY (see [`PUBLISH`]): per
 /// item its result, or `None` where the event id existed (nothing was written for it) or
 /// came earlier in `items` (the caller writes it again on its own, which answers it as a
-/// repeat). What it claims is kept under `batch`; the rows of batches `forget` are deleted.
+/// repeat). What it claims is kept under `batch_key`; the rows of batches `forget` are
+/// deleted.
 async fn write(
     pool: &PgPool,
     items: &[&Queued],
