@@ -4,8 +4,9 @@
 //!
 //! **Transactions and locks.** Most operations are one statement (a data-modifying `WITH`
 //! query), so each is one round trip and its own transaction; concurrent publishes are
-//! joined into one transaction, a group commit ([`group_commit`]), and concurrent attempt
-//! records of different subscriptions into one statement ([`completions`]). The server runs
+//! joined into one transaction, a group commit ([`group_commit`]), concurrent attempt
+//! records of different subscriptions into one statement ([`completions`]), and so are
+//! concurrent claims of different lanes ([`claims`]). The server runs
 //! them in READ COMMITTED; what makes them safe together is a fixed lock order: first the
 //! subscription rows (in uid order when a statement takes several), then the shards' owner
 //! rows, then delivery rows.
@@ -76,6 +77,7 @@ use sqlx_postgres::{PgConnectOptions, PgConnection, PgPool, PgPoolOptions, PgRow
 
 use super::*;
 
+mod claims;
 mod completions;
 mod group_commit;
 mod writing;
@@ -97,10 +99,10 @@ const MIGRATIONS: &[(i64, &str, &str)] = &[
     ),
 ];
 
-/// Connections per writing pool (two per process). With the committers' and the
-/// recorders' pools, the read pool and the listener, three replicas use at most
-/// 3 × (2 × 10 + 3 + 3 + 4 + 1) = 93 of PostgreSQL's default 100.
-const POOL_SIZE: u32 = 10;
+/// Connections per writing pool (two per process). With the committers', the recorders'
+/// and the claimers' pools, the read pool and the listener, three replicas use at most
+/// 3 × (2 × 9 + 3 + 3 + 2 + 4 + 1) = 93 of PostgreSQL's default 100.
+const POOL_SIZE: u32 = 9;
 /// Connections of the read pool.
 const READ_POOL_SIZE: u32 = 4;
 /// How long an operation waits for a free connection (or for the server to accept one)
@@ -133,6 +135,10 @@ pub struct PostgresStore {
     /// `relaxed`'s, whose statements wait for no row lock long).
     completions: completions::Completions,
     recorders: PgPool,
+    /// Claims of lanes, joined into statements of many on `claimers` (connections as
+    /// `relaxed`'s, whose statements wait for no row lock long).
+    claims: claims::Claims,
+    claimers: PgPool,
 }
 
 /// The migrations, for sqlx's migrator.
@@ -349,9 +355,15 @@ impl PostgresStore {
             pool().connect_lazy_with(write_path.clone().options([("synchronous_commit", "off")]));
         let recorders = pool()
             .max_connections(completions::RECORDERS as u32)
-            .connect_lazy_with(write_path.options([
+            .connect_lazy_with(write_path.clone().options([
                 ("synchronous_commit", "off"),
                 ("lock_timeout", completions::LOCK_TIMEOUT),
+            ]));
+        let claimers = pool()
+            .max_connections(claims::CLAIMERS as u32)
+            .connect_lazy_with(write_path.options([
+                ("synchronous_commit", "off"),
+                ("lock_timeout", claims::LOCK_TIMEOUT),
             ]));
         let reads = pool()
             .max_connections(READ_POOL_SIZE)
@@ -363,8 +375,14 @@ impl PostgresStore {
         Ok(Self {
             publishes: group_commit::GroupCommit::start(committers.clone(), synced.clone()),
             committers,
-            completions: completions::Completions::start(recorders.clone(), relaxed.clone()),
+            completions: completions::Completions::start(
+                completions::RECORDERS,
+                recorders.clone(),
+                relaxed.clone(),
+            ),
             recorders,
+            claims: claims::Claims::start(claims::CLAIMERS, claimers.clone(), relaxed.clone()),
+            claimers,
             synced,
             relaxed,
             reads,
@@ -378,6 +396,7 @@ impl PostgresStore {
         self.committers.close().await;
         self.relaxed.close().await;
         self.recorders.close().await;
+        self.claimers.close().await;
         self.reads.close().await;
         self.listen.close().await;
     }
@@ -669,20 +688,10 @@ impl Store for PostgresStore {
     }
 
     async fn unclaim(&self, delivery_id: i64, attempt: u32) -> Result<bool> {
-        within(OP_TIMEOUT, async {
-            // A take-over or a later claim has changed state or attempts since, and then
-            // this matches nothing.
-            let undone = query(
-                "UPDATE deliveries SET state = 0, attempts = attempts - 1
-                 WHERE id = $1 AND state = 1 AND attempts = $2",
-            )
-            .bind(delivery_id)
-            .bind(attempt.min(i32::MAX as u32) as i32)
-            .execute(&self.relaxed)
-            .await?
-            .rows_affected();
-            Ok(undone == 1)
-        })
+        within(
+            OP_TIMEOUT,
+            claims::unclaim(&self.relaxed, delivery_id, attempt),
+        )
         .await
     }
 
@@ -764,7 +773,7 @@ impl Store for PostgresStore {
         then_claim: Option<i64>,
     ) -> Result<(Completion, Option<Claimed>)> {
         self.completions
-            .record(completions::Record {
+            .write(completions::Record {
                 claim,
                 attempt,
                 next,
@@ -1087,112 +1096,22 @@ impl Store for PostgresStore {
 /// module's notes).
 const HOLD_SUBSCRIPTION: &str = "SELECT 1 FROM subscriptions WHERE uid = $1 FOR UPDATE";
 
-/// The fence and the claim in one statement. `sub` locks the subscription row FOR KEY SHARE
-/// only while it is live, enabled and unpaused (a removal in progress makes it wait, then
-/// see the tombstone); `next` depends on `sub`'s result, so no delivery is locked before the
-/// subscription is. SKIP LOCKED: a delivery another claimer is taking is left to it.
-const CLAIM: &str = "
-    WITH sub AS MATERIALIZED (
-        SELECT uid, strict_order FROM subscriptions
-        WHERE uid = $1 AND live AND NOT paused AND NOT disabled
-        FOR KEY SHARE
-    ), next AS MATERIALIZED (
-        SELECT id FROM deliveries
-        WHERE sub_uid = (SELECT uid FROM sub) AND state = 0 AND due_ms <= $2
-          AND (NOT (SELECT strict_order FROM sub)
-               OR id = (SELECT min(id) FROM deliveries
-                           WHERE sub_uid = $1 AND state = 0 AND strict)
-                  AND NOT EXISTS (SELECT 1 FROM deliveries WHERE sub_uid = $1 AND state = 1))
-        ORDER BY due_ms, id
-        LIMIT 1
-        FOR UPDATE SKIP LOCKED
-    )
-    UPDATE deliveries d SET state = 1, attempts = d.attempts + 1
-    FROM next, events e
-    WHERE d.id = next.id AND e.id = d.event
-    RETURNING d.id, e.event_id, e.event_type, e.body, d.attempts, d.window_start_ms";
-
-/// [`CLAIM`], and only while the claimer's lease epoch ($4) is the current one of the
-/// subscription's shard ($3): `owner` holds that shard_owners row FOR SHARE (a take-over in
-/// progress makes it wait, then see the new epoch), after the subscription row and before
-/// any delivery, the order in which every other statement locks.
-const CLAIM_FENCED: &str = "
-    WITH sub AS MATERIALIZED (
-        SELECT uid, strict_order FROM subscriptions
-        WHERE uid = $1 AND live AND NOT paused AND NOT disabled AND shard = $3
-        FOR KEY SHARE
-    ), owner AS MATERIALIZED (
-        SELECT shard FROM shard_owners
-        WHERE shard = $3 AND epoch = $4 AND EXISTS (SELECT 1 FROM sub)
-        FOR SHARE
-    ), next AS MATERIALIZED (
-        SELECT id FROM deliveries
-        WHERE sub_uid = (SELECT uid FROM sub) AND EXISTS (SELECT 1 FROM owner)
-          AND state = 0 AND due_ms <= $2
-          AND (NOT (SELECT strict_order FROM sub)
-               OR id = (SELECT min(id) FROM deliveries
-                           WHERE sub_uid = $1 AND state = 0 AND strict)
-                  AND NOT EXISTS (SELECT 1 FROM deliveries WHERE sub_uid = $1 AND state = 1))
-        ORDER BY due_ms, id
-        LIMIT 1
-        FOR UPDATE SKIP LOCKED
-    )
-    UPDATE deliveries d SET state = 1, attempts = d.attempts + 1
-    FROM next, events e
-    WHERE d.id = next.id AND e.id = d.event
-    RETURNING d.id, e.event_id, e.event_type, e.body, d.attempts, d.window_start_ms";
-
 /// Shards are at most 4096 (`--shards`); PostgreSQL has no unsigned integers.
 fn shard_number(shard: u32) -> i32 {
     shard.min(i32::MAX as u32) as i32
 }
 
 impl PostgresStore {
-    /// The claim, fenced by liveness and, with several replicas, by the shard's lease epoch.
+    /// The claim, fenced by liveness and, with several replicas, by the shard's lease epoch,
+    /// joined with other lanes' claims ([`claims`]).
     async fn claim(&self, uid: &str, now_ms: i64, fence: Option<ShardFence>) -> Result<Claim> {
-        within(OP_TIMEOUT, async {
-            let claimed = match fence {
-                None => query(CLAIM).bind(uid).bind(now_ms),
-                Some(fence) => query(CLAIM_FENCED)
-                    .bind(uid)
-                    .bind(now_ms)
-                    .bind(shard_number(fence.shard))
-                    .bind(fence.epoch),
-            }
-            .fetch_optional(&self.relaxed)
-            .await?;
-            if let Some(r) = claimed {
-                return Ok(Claim::Claimed(Claimed {
-                    delivery_id: r.try_get(0)?,
-                    subscription_uid: uid.to_string(),
-                    event_id: r.try_get(1)?,
-                    event_type: r.try_get(2)?,
-                    body: r.try_get(3)?,
-                    attempt: r.try_get::<i32, _>(4)?.max(0) as u32,
-                    window_start_ms: r.try_get(5)?,
-                    fence,
-                }));
-            }
-            // Under strict order, the oldest one's due time, and none while one is in flight.
-            let next_due_ms: Option<Option<i64>> = query_scalar(
-                "SELECT CASE
-                     WHEN NOT strict_order THEN
-                         (SELECT min(due_ms) FROM deliveries WHERE sub_uid = $1 AND state = 0)
-                     WHEN NOT EXISTS (SELECT 1 FROM deliveries WHERE sub_uid = $1 AND state = 1)
-                     THEN (SELECT due_ms FROM deliveries
-                           WHERE sub_uid = $1 AND state = 0 AND strict
-                           ORDER BY id LIMIT 1)
-                 END
-                 FROM subscriptions WHERE uid = $1 AND live AND NOT paused AND NOT disabled",
-            )
-            .bind(uid)
-            .fetch_optional(&self.relaxed)
-            .await?;
-            Ok(Claim::Idle {
-                next_due_ms: next_due_ms.flatten(),
+        self.claims
+            .write(claims::Request {
+                uid: uid.to_string(),
+                now_ms,
+                fence,
             })
-        })
-        .await
+            .await
     }
 }
 
@@ -2237,6 +2156,134 @@ mod tests {
             statements <= bound,
             "{statements} statements, bound {bound}"
         );
+        store.close().await;
+    }
+
+    /// Claims queued while the claimers wait for a connection are joined: 60 claims of 40
+    /// lanes (20 claiming twice) take a few statements, not 60, and each claim gets a
+    /// delivery of its own lane, a lane's two claims two different ones.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn queued_claims_of_many_lanes_share_statements() {
+        let Some(server) = Postgres::start() else {
+            return;
+        };
+        let store = Arc::new(connect(&server).await);
+        for s in 0..40 {
+            let uid = format!("lane{s}");
+            store.upsert_subscription(sub(&uid)).await.unwrap();
+            for e in 0..3 {
+                store
+                    .publish(event(&format!("c-{s}-{e}")), vec![uid.clone()])
+                    .await
+                    .unwrap();
+            }
+        }
+        let mut held = Vec::new();
+        for _ in 0..claims::CLAIMERS {
+            held.push(store.claimers.acquire().await.unwrap());
+        }
+        let claiming: Vec<_> = (0..40)
+            .flat_map(|s| std::iter::repeat_n(s, if s < 20 { 2 } else { 1 }))
+            .map(|s| {
+                let store = store.clone();
+                tokio::spawn(async move {
+                    let uid = format!("lane{s}");
+                    (uid.clone(), store.claim_next(&uid, i64::MAX).await.unwrap())
+                })
+            })
+            .collect();
+        until("every claim handed over", || store.claims.sent() == 60).await;
+        drop(held);
+        let mut taken = HashSet::new();
+        for claim in claiming {
+            match claim.await.unwrap() {
+                (uid, Claim::Claimed(c)) => {
+                    assert_eq!(c.subscription_uid, uid);
+                    assert_eq!(c.attempt, 1);
+                    assert!(
+                        taken.insert(c.delivery_id),
+                        "{uid}: a delivery claimed twice"
+                    );
+                }
+                (uid, other) => panic!("{uid}: {other:?}"),
+            }
+        }
+        assert_eq!(taken.len(), 60);
+        let mut conn = raw(&server.url).await;
+        let statements: i64 =
+            query_scalar("SELECT count(DISTINCT xmin::text) FROM deliveries WHERE state = 1")
+                .fetch_one(&mut conn)
+                .await
+                .unwrap();
+        println!("60 claims held at the pool: {statements} statements");
+        // Each claimer took a batch before it waited (one claim, or all that were queued),
+        // and writes it in a statement and the second claims of its lanes in one more.
+        let bound = 2 * claims::CLAIMERS as i64;
+        assert!(
+            statements <= bound,
+            "{statements} statements, bound {bound}"
+        );
+        store.close().await;
+    }
+
+    /// Claims of other lanes go ahead while removals hold two subscriptions' rows (as many
+    /// as there are claimers), though they are joined into the same statements: only those
+    /// lanes' claims wait, and then find nothing.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn claims_of_others_do_not_wait_for_a_removal_in_progress() {
+        let Some(server) = Postgres::start() else {
+            return;
+        };
+        assert_eq!(claims::CLAIMERS, 2, "one held lane per claimer");
+        let store = Arc::new(connect(&server).await);
+        for uid in ["held1", "held2", "free"] {
+            store.upsert_subscription(sub(uid)).await.unwrap();
+            for e in 0..5 {
+                store
+                    .publish(event(&format!("{uid}-{e}")), vec![uid.into()])
+                    .await
+                    .unwrap();
+            }
+        }
+        let mut removal = raw(&server.url).await;
+        removal.execute("BEGIN").await.unwrap();
+        removal
+            .execute("SELECT 1 FROM subscriptions WHERE uid IN ('held1', 'held2') ORDER BY uid FOR UPDATE; UPDATE subscriptions SET live = false WHERE uid IN ('held1', 'held2')")
+            .await
+            .unwrap();
+        let mut held = Vec::new();
+        for uid in ["held1", "held2"] {
+            let claiming = store.clone();
+            held.push(tokio::spawn(async move {
+                claiming.claim_next(uid, i64::MAX).await
+            }));
+            let sent = held.len();
+            until("a held lane's claim handed over", || {
+                store.claims.sent() == sent
+            })
+            .await;
+        }
+        // Each in a batch with a held lane's claim, or after them: none waits for them.
+        for _ in 0..5 {
+            let claimed =
+                tokio::time::timeout(Duration::from_secs(3), store.claim_next("free", i64::MAX))
+                    .await
+                    .expect("a claim of another lane waited for the removals")
+                    .unwrap();
+            assert!(matches!(claimed, Claim::Claimed(_)), "{claimed:?}");
+        }
+        assert!(
+            held.iter().all(|h| !h.is_finished()),
+            "a held lane's claim did not wait"
+        );
+        removal.execute("COMMIT").await.unwrap();
+        for h in held {
+            let claimed = h.await.unwrap().unwrap();
+            assert!(
+                matches!(claimed, Claim::Idle { next_due_ms: None }),
+                "{claimed:?}"
+            );
+        }
         store.close().await;
     }
 

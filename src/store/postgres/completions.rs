@@ -6,41 +6,29 @@
 //! as much as running it, and a record per event was most of the server's work. Here
 //! concurrent records are joined as publishes are ([`super::group_commit`]): a few recorders
 //! each take what is queued and record it in one statement, each record under its own claim
-//! and fence, answering each once the statement returns. A lone record waits for nothing.
+//! and fence, answering each once the statement returns ([`Joined`]). A lone record waits
+//! for nothing.
 //!
-//! One statement is written at a time while it goes well ([`Writing`]): a recorder holding
-//! records waits for the statement before it to return (what is queued meanwhile joins its
-//! batch), so batches grow with the load instead of being split between recorders
-//! (measured with three recorders going at once: 3.3 records a statement end to end and
-//! 0.33 ms of server CPU per event; waiting: 10 records and 0.26 ms).
-//!
-//! A statement records at most one attempt per subscription (the counters and the lane's
-//! next claim follow one attempt at a time); a second attempt of the same subscription
-//! waits for the next statement. One record's failure never fails the others: a batch the
-//! server refuses, or that waited too long for a subscription row (a removal purging its
-//! backlog holds it), is recorded again one attempt at a time, each in a task of its own.
+//! One statement is written at a time while it goes well (measured with three recorders
+//! going at once: 3.3 records a statement end to end and 0.33 ms of server CPU per event;
+//! waiting: 10 records and 0.26 ms). A statement records at most one attempt per
+//! subscription (the counters and the lane's next claim follow one attempt at a time).
 
-use std::sync::Arc;
-
+use futures::future::BoxFuture;
 use sqlx_core::executor::Executor;
 use sqlx_core::query::query;
 use sqlx_core::row::Row;
 use sqlx_postgres::PgPool;
-use tokio::sync::{Mutex, mpsc, oneshot};
 
-use super::writing::{OVERLAP_AFTER, Writing};
+use super::writing::{Joined, Statement};
 use super::{
-    AttemptRecord, ClaimRef, Claimed, Completion, DeliveryState, Error, Next, OP_TIMEOUT, Result,
-    classify, shard_number, superseded_message,
+    AttemptRecord, ClaimRef, Claimed, Completion, DeliveryState, Error, Next, OP_TIMEOUT,
+    shard_number, superseded_message,
 };
 
 /// Recorders working at once: while one statement runs, the next batch gathers and another
 /// may be sent.
 pub(super) const RECORDERS: usize = 3;
-/// Attempts in one statement at most.
-const MAX_BATCH: usize = 128;
-/// Records waiting for a recorder; beyond it a record waits to be queued.
-const QUEUE: usize = 4096;
 /// How long a recorder's statement waits for a row lock before its records go one at a
 /// time (set on the recorders' connections, so that a batch is one round trip).
 pub(super) const LOCK_TIMEOUT: &str = "250ms";
@@ -187,178 +175,38 @@ pub(super) struct Record {
 /// What recording an attempt gave: the completion and the lane's next delivery, claimed.
 pub(super) type Recorded = (Completion, Option<Claimed>);
 
-struct Queued {
-    record: Record,
-    answer: oneshot::Sender<Result<Recorded>>,
-}
+/// The record queue and its recorders.
+pub(super) type Completions = Joined<Records>;
 
-/// The record queue; the recorders stop once it is dropped.
-pub(super) struct Completions {
-    queue: mpsc::Sender<Queued>,
-    #[cfg(test)]
-    writing: Arc<Writing>,
-    /// Records handed to the queue so far.
-    #[cfg(test)]
-    sent: std::sync::atomic::AtomicUsize,
-}
+/// Attempt records, as [`Joined`] writes them. A lane that gave up waiting for its record
+/// retries it, which then finds its claim spent and is kept as history only.
+pub(super) enum Records {}
 
-impl Completions {
-    /// Starts the recorders, writing batches through `batches` (whose connections wait
-    /// [`LOCK_TIMEOUT`] for a row lock at most) and records on their own through `alone`.
-    pub(super) fn start(batches: PgPool, alone: PgPool) -> Self {
-        let (queue, queued) = mpsc::channel(QUEUE);
-        let queued = Arc::new(Mutex::new(queued));
-        let writing = Arc::new(Writing::default());
-        for _ in 0..RECORDERS {
-            tokio::spawn(recorder(
-                batches.clone(),
-                alone.clone(),
-                queued.clone(),
-                writing.clone(),
-            ));
-        }
-        Self {
-            queue,
-            #[cfg(test)]
-            writing,
-            #[cfg(test)]
-            sent: Default::default(),
-        }
+impl Statement for Records {
+    type Request = Record;
+    type Answer = Recorded;
+    const MAX_BATCH: usize = 128;
+
+    fn write<'a>(
+        pool: &'a PgPool,
+        requests: &'a [&'a Record],
+    ) -> BoxFuture<'a, std::result::Result<Vec<Option<Recorded>>, sqlx_core::Error>> {
+        Box::pin(write(pool, requests))
     }
 
-    /// Records handed to the queue so far.
-    #[cfg(test)]
-    pub(super) fn sent(&self) -> usize {
-        self.sent.load(std::sync::atomic::Ordering::Acquire)
+    fn write_one<'a>(
+        pool: &'a PgPool,
+        request: &'a Record,
+    ) -> BoxFuture<'a, std::result::Result<Recorded, sqlx_core::Error>> {
+        Box::pin(write_one(pool, request))
     }
 
-    /// Statements being written (a recorder's, from its batch taken to its answers).
-    #[cfg(test)]
-    pub(super) fn writing(&self) -> usize {
-        self.writing.statements()
+    fn timed_out() -> Error {
+        Error::Unavailable(format!(
+            "PostgreSQL did not record the attempt within {}s",
+            OP_TIMEOUT.as_secs()
+        ))
     }
-
-    /// Records waiting for a recorder.
-    #[cfg(test)]
-    pub(super) fn queued(&self) -> usize {
-        self.queue.max_capacity() - self.queue.capacity()
-    }
-
-    /// Records `record` in the next batch, answering once its statement has returned.
-    pub(super) async fn record(&self, record: Record) -> Result<Recorded> {
-        let (answer, answered) = oneshot::channel();
-        let waited = tokio::time::timeout(OP_TIMEOUT, async {
-            self.queue
-                .send(Queued { record, answer })
-                .await
-                .map_err(|_| Error::Unavailable("the PostgreSQL store is closed".into()))?;
-            #[cfg(test)]
-            self.sent.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
-            answered
-                .await
-                .map_err(|_| Error::Backend("the record stopped before it answered".into()))?
-        })
-        .await;
-        waited.unwrap_or_else(|_| Err(timed_out()))
-    }
-}
-
-async fn recorder(
-    batches: PgPool,
-    alone: PgPool,
-    queued: Arc<Mutex<mpsc::Receiver<Queued>>>,
-    writing: Arc<Writing>,
-) {
-    // Records a statement left for the next one (a second attempt of a subscription).
-    let mut carried: Vec<Queued> = Vec::new();
-    loop {
-        let mut batch = std::mem::take(&mut carried);
-        if batch.is_empty() {
-            let mut queued = queued.lock().await;
-            let Some(first) = queued.recv().await else {
-                return;
-            };
-            batch.push(first);
-            // Holding the queue, so that what comes meanwhile joins this batch.
-            writing.wait_for_none(OVERLAP_AFTER).await;
-            take_queued(&mut queued, &mut batch);
-        } else if let Ok(mut queued) = queued.try_lock() {
-            // Never waits for the queue: another recorder may hold it while waiting for a
-            // record that does not come, and the records carried here would wait with it.
-            take_queued(&mut queued, &mut batch);
-        }
-        let _writing = writing.start();
-        carried = record_and_answer(&batches, &alone, batch).await;
-    }
-}
-
-/// Adds what is queued to `batch`, up to [`MAX_BATCH`].
-fn take_queued(queued: &mut mpsc::Receiver<Queued>, batch: &mut Vec<Queued>) {
-    while batch.len() < MAX_BATCH {
-        match queued.try_recv() {
-            Ok(next) => batch.push(next),
-            Err(_) => break,
-        }
-    }
-}
-
-/// Records `batch` and answers each of its records; returns those left for the next batch.
-async fn record_and_answer(batches: &PgPool, alone: &PgPool, batch: Vec<Queued>) -> Vec<Queued> {
-    let records: Vec<&Record> = batch.iter().map(|q| &q.record).collect();
-    let written = tokio::time::timeout(OP_TIMEOUT, write(batches, &records)).await;
-    let mut carried = Vec::new();
-    match written {
-        Ok(Ok(answers)) => {
-            for (queued, answer) in batch.into_iter().zip(answers) {
-                match answer {
-                    // A lane that gave up waiting retries its record, which then finds its
-                    // claim spent and is kept as history only.
-                    Some(recorded) => {
-                        let _ = queued.answer.send(Ok(recorded));
-                    }
-                    None => carried.push(queued),
-                }
-            }
-        }
-        // A row held longer than a recorder waits (a removal purging its backlog holds
-        // the subscription's), or anything the server refused (a value, a deadlock): each
-        // again on its own, side by side, waiting as long as it takes, so that only the
-        // record that waits waits, and no recorder.
-        Ok(Err(sqlx_core::Error::Database(_))) => {
-            for queued in batch {
-                let pool = alone.clone();
-                tokio::spawn(async move {
-                    let answer = tokio::time::timeout(OP_TIMEOUT, write_one(&pool, &queued.record))
-                        .await
-                        .map_err(|_| timed_out())
-                        .and_then(|written| written.map_err(classify));
-                    let _ = queued.answer.send(answer);
-                });
-            }
-        }
-        // The server cannot be reached: each record is told so (its lane retries it).
-        Ok(Err(e)) => {
-            let message = match classify(e) {
-                Error::Unavailable(m) | Error::Backend(m) => m,
-            };
-            for queued in batch {
-                let _ = queued.answer.send(Err(Error::Unavailable(message.clone())));
-            }
-        }
-        Err(_) => {
-            for queued in batch {
-                let _ = queued.answer.send(Err(timed_out()));
-            }
-        }
-    }
-    carried
-}
-
-fn timed_out() -> Error {
-    Error::Unavailable(format!(
-        "PostgreSQL did not record the attempt within {}s",
-        OP_TIMEOUT.as_secs()
-    ))
 }
 
 /// Records `records` in one statement (see [`RECORD`]) on `executor` (a pool, or a
