@@ -79,6 +79,7 @@ EXPECTED = {
             for what in ("server_cpu", "herald_cpu", "statements", "wal")
         ),
         "scale_out.ceiling_per_server_core",
+        "scale_out.ceiling_per_server_core_3",
         "scale_out.drain_postgres",
         "scale_out.drain_postgres.unpause",
         *(f"scale_out.drain_postgres.{what}" for what in ("server_cpu", "statements", "wal")),

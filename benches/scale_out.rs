@@ -500,6 +500,14 @@ async fn main() {
         1e6 / one.server.as_ref().expect("PostgreSQL figures").server_cpu_us,
         "events/s",
     );
+    // Each replica joins only its own statements, so the server's cost per event grows
+    // with the replicas; what three cost it is the projection for several.
+    report.add(
+        "scale_out.ceiling_per_server_core_3",
+        "events a second one PostgreSQL core carries with three replicas (1 s over the server's CPU per event then): what several replicas on machines of their own are bounded by",
+        1e6 / three.server.as_ref().expect("PostgreSQL figures").server_cpu_us,
+        "events/s",
+    );
     report
         .add(
             "scale_out.drain_postgres",
