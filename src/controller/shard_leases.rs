@@ -43,6 +43,8 @@ const ROLE_LABEL: &str = "herald.dev/lease";
 /// terminationGracePeriodSeconds leaves room for it after the drain); what is not released
 /// by then expires instead.
 pub const RELEASE_TIMEOUT: Duration = Duration::from_secs(5);
+/// Reads and writes of one Lease at a graceful stop, while its writes conflict.
+const RELEASE_ATTEMPTS: usize = 3;
 
 #[derive(Clone, Debug)]
 pub struct LeaseConfig {
@@ -450,26 +452,39 @@ impl ShardLeases {
         }
         let releases = held.into_iter().map(|(shard, _)| async move {
             let name = shard_lease_name(shard);
-            let Ok(Some(mut lease)) = self.api.get_opt(&name).await else {
-                return;
-            };
-            if holder(&lease) != self.config.identity {
-                return;
-            }
-            if let Some(spec) = lease.spec.as_mut() {
-                spec.holder_identity = None;
-                spec.renew_time = None;
-            }
-            match self
-                .api
-                .replace(&name, &PostParams::default(), &lease)
-                .await
-            {
-                Ok(_) => tracing::info!(shard, "shard lease: released"),
-                Err(e) => {
-                    tracing::warn!(shard, error = %e, "shard lease: release failed; it expires instead")
+            // A renewal round still on its way when the stop came may write the Lease after
+            // it was read here: on that conflict it is read again and released then.
+            for _ in 0..RELEASE_ATTEMPTS {
+                let Ok(Some(mut lease)) = self.api.get_opt(&name).await else {
+                    return;
+                };
+                if holder(&lease) != self.config.identity {
+                    return;
+                }
+                if let Some(spec) = lease.spec.as_mut() {
+                    spec.holder_identity = None;
+                    spec.renew_time = None;
+                }
+                match self
+                    .api
+                    .replace(&name, &PostParams::default(), &lease)
+                    .await
+                {
+                    Ok(_) => {
+                        tracing::info!(shard, "shard lease: released");
+                        return;
+                    }
+                    Err(kube::Error::Api(e)) if e.code == 409 => continue,
+                    Err(e) => {
+                        tracing::warn!(shard, error = %e, "shard lease: release failed; it expires instead");
+                        return;
+                    }
                 }
             }
+            tracing::warn!(
+                shard,
+                "shard lease: release kept conflicting with another write; it expires instead"
+            );
         });
         let member = async {
             let _ = self

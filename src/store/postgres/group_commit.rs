@@ -22,7 +22,7 @@ use std::sync::Arc;
 use sqlx_core::query::query;
 use sqlx_core::query_scalar::query_scalar;
 use sqlx_core::row::Row;
-use sqlx_postgres::PgPool;
+use sqlx_postgres::{PgConnection, PgPool};
 use tokio::sync::{Mutex, mpsc, oneshot};
 
 use super::writing::{OVERLAP_AFTER, Writing};
@@ -522,7 +522,14 @@ async fn write_or_give_back(
 > {
     let batch = rand::random::<i64>();
     let forget = answered.take();
-    let written = tokio::time::timeout_at(deadline, write(pool, items, batch, &forget)).await;
+    // Without a connection nothing was sent: there is nothing to give back.
+    let mut sent = false;
+    let written = tokio::time::timeout_at(deadline, async {
+        let mut conn = pool.acquire().await?;
+        sent = true;
+        write(&mut conn, items, batch, &forget).await
+    })
+    .await;
     match &written {
         Ok(Ok(answers)) => {
             if answers
@@ -537,7 +544,7 @@ async fn write_or_give_back(
         // ended by a shutdown then): failures are rare, and the give-back settles it.
         _ => {
             answered.put_back(forget);
-            if items.iter().any(|i| !i.claims.is_empty()) {
+            if sent && items.iter().any(|i| !i.claims.is_empty()) {
                 tokio::spawn(give_back_unanswered(back.clone(), batch));
             }
         }
@@ -672,7 +679,7 @@ fn timed_out() -> Error {
 /// repeat). What it claims is kept under `batch_key`; the rows of batches `forget` are
 /// deleted.
 async fn write(
-    pool: &PgPool,
+    conn: &mut PgConnection,
     items: &[&Queued],
     batch_key: i64,
     forget: &[i64],
@@ -720,7 +727,7 @@ async fn write(
         .bind(PAYLOAD_BYTES)
         .bind(batch_key)
         .bind(forget)
-        .fetch_all(pool)
+        .fetch_all(conn)
         .await?;
     // Per publish written: its deliveries' subscriptions, and those made claimed with
     // their ids.
@@ -798,7 +805,8 @@ pub(super) async fn write_keyed(
         claims,
         answer: oneshot::channel().0,
     };
-    Ok(write(pool, &[&item], batch, &[]).await?.remove(0))
+    let mut conn = pool.acquire().await?;
+    Ok(write(&mut conn, &[&item], batch, &[]).await?.remove(0))
 }
 
 /// One field of every event in `batch`, as an array to bind.
