@@ -428,13 +428,14 @@ fn main() {
         // The forwarder: the same publishes end to end, then one at a time, with no store.
         let forwarder = Forwarder::start(&receiver.url("/forwarded"));
         let forwarder_pid = forwarder.pid();
-        let cpu = cpu_seconds(&forwarder_pid);
+        let cpu = (cpu_seconds(&forwarder_pid), cpu_seconds("self"));
         let before = receiver.count();
         let started = Instant::now();
         publish_all(&forwarder.base, events, 2 * events).await;
         let last = last_arrival(&receiver, "the forwarded deliveries", before + events).await;
         let forwarded = rate(events, last - started);
-        let forwarder_cpu = (cpu_seconds(&forwarder_pid) - cpu) / events as f64;
+        let forwarder_cpu = (cpu_seconds(&forwarder_pid) - cpu.0) / events as f64;
+        let forwarded_generator_cpu = (cpu_seconds("self") - cpu.1) / events as f64;
         let (mut forwarder_idle, _) = latency_at_idle(&forwarder.base, &receiver, samples).await;
         let (f50, f99) = (
             percentile(&mut forwarder_idle, 0.50),
@@ -513,6 +514,17 @@ fn main() {
         report
             .add("cpu.end_to_end.forwarder", "CPU per event end to end: the store-less forwarder", us(forwarder_cpu), "µs")
             .reference("CPU per request of the bare loop (client and receiver together)", us(bare_cpu));
+        // The machine's ceiling: every core busy with herald and the load generator, nothing
+        // waiting. Above it no change to how herald waits can go; only less CPU per event.
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
+        report
+            .add("throughput.end_to_end_ceiling", &format!("end to end ceiling on this machine: its {cores} cores over the CPU per event of herald and the load generator together (everything busy, nothing waiting)"), cores / (herald_cpu + generator_cpu), "events/s")
+            .reference(forwarder_name, forwarded);
+        // What 0.6 × the forwarder would leave herald: the cores over that rate, less what the
+        // load generator spends per event at the forwarder's (higher) rate, its lowest.
+        report
+            .add("cpu.end_to_end.herald_budget", "CPU per event herald could spend at 0.6 × the forwarder's rate: the cores over that rate, less the load generator's CPU per event while it drove the forwarder", us(cores / (0.6 * forwarded) - forwarded_generator_cpu), "µs")
+            .reference("herald's CPU per event end to end, same run", us(herald_cpu));
         report
             .add("latency.idle.p50", &format!("latency at idle, publish → arrival p50 ({} events one at a time)", thousands(samples)), ms(p50), "ms")
             .reference("bare POST round trip p50", ms(r50))

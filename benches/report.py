@@ -35,6 +35,7 @@ EXPECTED = {
         "throughput.end_to_end",
         "throughput.forwarder",
         "throughput.end_to_end_vs_forwarder",
+        "throughput.end_to_end_ceiling",
         "latency.idle.p50",
         "latency.idle.p99",
         "latency.idle_forwarder.p50",
@@ -48,6 +49,7 @@ EXPECTED = {
         "cpu.end_to_end.herald",
         "cpu.end_to_end.generator",
         "cpu.end_to_end.forwarder",
+        "cpu.end_to_end.herald_budget",
     ],
     "isolation": [
         f"isolation.held_{held}.{q}" for held in (0, 100, 1000, 10000) for q in ("p50", "p99")
@@ -82,6 +84,8 @@ EXPECTED = {
         "scale_out.ceiling_per_server_core_3",
         "scale_out.drain_postgres",
         "scale_out.drain_postgres.unpause",
+        "scale_out.drain_postgres.ceiling",
+        "scale_out.postgres_3.ceiling",
         *(f"scale_out.drain_postgres.{what}" for what in ("server_cpu", "statements", "wal")),
         *(
             f"scale_out.{phase}.busy_cores"

@@ -585,6 +585,28 @@ async fn main() {
             "cores",
         );
     }
+    // The machine's ceilings: every core busy, at the CPU per event everything on it spent
+    // (herald, the server, the receiver and producers). Waiting less cannot go above them.
+    let ceiling = |rate: f64, busy: f64| rate * cores as f64 / busy;
+    report
+        .add(
+            "scale_out.drain_postgres.ceiling",
+            &format!("the drain's ceiling on this machine: its {cores} cores over the CPU per drained event of everything on it"),
+            ceiling(drain, drain_busy),
+            "events/s",
+        )
+        .reference(
+            "River's burn-down, same server (as the drain's own target)",
+            river,
+        );
+    report
+        .add(
+            "scale_out.postgres_3.ceiling",
+            &format!("end to end ceiling on this machine with three replicas: its {cores} cores over the CPU per event of everything on it"),
+            ceiling(three.rate, three.busy_cores),
+            "events/s",
+        )
+        .reference("the same with one replica", ceiling(one.rate, one.busy_cores));
     report.add(
         "scale_out.drain_postgres.unpause",
         "from herald's start (the backlog stored, its subscriptions unpaused) to the drain's first delivery",
