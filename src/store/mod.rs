@@ -573,13 +573,19 @@ pub trait Store: Send + Sync + 'static {
     /// for lanes it started with the publish, so that an idle lane's first attempt costs no
     /// claim of its own. A store that cannot do both in one transaction claims nothing, and
     /// the engine then wakes those lanes as usual.
+    ///
+    /// `held`: shards the publishing replica holds (at those epochs) and whose lanes it
+    /// wakes itself once the publish returns. A store that tells other replicas of new work
+    /// need not tell them of deliveries in a shard whose owner is still at the epoch given
+    /// here when the publish commits: whoever takes the shard after that wakes all its lanes.
     async fn publish_and_claim(
         &self,
         event: NewEvent,
         targets: Vec<String>,
         claims: Vec<(String, Option<ShardFence>)>,
+        held: Vec<ShardFence>,
     ) -> Result<(PublishResult, Vec<Claimed>)> {
-        let _ = claims;
+        let _ = (claims, held);
         Ok((self.publish(event, targets).await?, Vec::new()))
     }
 

@@ -551,7 +551,10 @@ impl Store for PostgresStore {
     }
 
     async fn publish(&self, event: NewEvent, targets: Vec<String>) -> Result<PublishResult> {
-        Ok(self.publish_and_claim(event, targets, Vec::new()).await?.0)
+        Ok(self
+            .publish_and_claim(event, targets, Vec::new(), Vec::new())
+            .await?
+            .0)
     }
 
     /// One transaction of the batch's own (not joined with other publishes). An event whose
@@ -575,7 +578,10 @@ impl Store for PostgresStore {
             results.push(match result {
                 group_commit::Batched::Written(result) => result,
                 group_commit::Batched::Again(event, targets) => {
-                    self.publishes.publish(event, targets, Vec::new()).await?.0
+                    self.publishes
+                        .publish(event, targets, Vec::new(), Vec::new())
+                        .await?
+                        .0
                 }
             });
         }
@@ -589,6 +595,7 @@ impl Store for PostgresStore {
         event: NewEvent,
         targets: Vec<String>,
         claims: Vec<(String, Option<ShardFence>)>,
+        held: Vec<ShardFence>,
     ) -> Result<(PublishResult, Vec<Claimed>)> {
         // Each target once, in the caller's order.
         let mut seen = HashSet::new();
@@ -596,7 +603,7 @@ impl Store for PostgresStore {
             .into_iter()
             .filter(|t| seen.insert(t.clone()))
             .collect();
-        self.publishes.publish(event, targets, claims).await
+        self.publishes.publish(event, targets, claims, held).await
     }
 
     fn claims_with_publish(&self) -> bool {
@@ -1372,6 +1379,63 @@ mod tests {
         store.close().await;
     }
 
+    /// Other replicas hear only of work in shards the publishing replica does not hold: a
+    /// lane of a shard it holds at the owner row's epoch is woken by that replica itself.
+    /// Held at an older epoch (another replica took the shard since) or not held, the lane
+    /// is named in the notice.
+    #[tokio::test]
+    async fn a_publish_tells_other_replicas_only_of_shards_it_does_not_hold() {
+        let Some(server) = Postgres::start() else {
+            return;
+        };
+        let store = connect(&server).await;
+        for (uid, shard) in [("h1", 3), ("h2", 4), ("h3", 5)] {
+            store
+                .upsert_subscription(SubscriptionRecord { shard, ..sub(uid) })
+                .await
+                .unwrap();
+        }
+        assert!(store.take_shard(3, "me", 2, 50).await.unwrap());
+        assert!(store.take_shard(4, "other", 2, 50).await.unwrap());
+        let mut listener = sqlx_postgres::PgListener::connect(&server.url)
+            .await
+            .unwrap();
+        listener.listen("herald_new_work").await.unwrap();
+        let all: Vec<String> = ["h1", "h2", "h3"].map(String::from).into();
+        let held = vec![
+            ShardFence { shard: 3, epoch: 2 },
+            // Held here once, at epoch 1: the shard has been taken since.
+            ShardFence { shard: 4, epoch: 1 },
+        ];
+        let (published, claimed) = store
+            .publish_and_claim(event("held"), all.clone(), Vec::new(), held)
+            .await
+            .unwrap();
+        assert_eq!((published.targets, claimed.len()), (all, 0));
+        // Then one naming h1, from a replica holding nothing: notices arrive in commit order.
+        store
+            .publish(event("not-held"), vec!["h1".into()])
+            .await
+            .unwrap();
+        let mut notices: Vec<Vec<String>> = Vec::new();
+        while !notices.iter().any(|n| n.contains(&"h1".to_string())) {
+            let notice = tokio::time::timeout(Duration::from_secs(10), listener.recv())
+                .await
+                .unwrap_or_else(|_| panic!("notices so far: {notices:?}"));
+            let payload = notice.unwrap().payload().to_string();
+            notices.push(payload.split(',').map(str::to_string).collect());
+        }
+        assert_eq!(
+            notices,
+            vec![
+                vec!["h2".to_string(), "h3".to_string()],
+                vec!["h1".to_string()]
+            ],
+            "the first publish's notice names h1, whose shard its replica holds, or misses h2 or h3"
+        );
+        store.close().await;
+    }
+
     /// A publish claims, in its own statement, the delivery of each lane it was asked for
     /// that a claim at its time would take, and only those: not under a stale epoch or in
     /// another shard, not a strict-order lane, not past a due delivery of the lane; and its
@@ -1427,7 +1491,7 @@ mod tests {
             ("c5".to_string(), fence(2)),
         ];
         let (published, claimed) = store
-            .publish_and_claim(event("e1"), all.clone(), asked)
+            .publish_and_claim(event("e1"), all.clone(), asked, Vec::new())
             .await
             .unwrap();
         assert_eq!(published.targets, all);
@@ -1523,7 +1587,7 @@ mod tests {
 
         // The publisher gone after the commit: given back at once.
         let (_, c) = store
-            .publish_and_claim(event("e-g1"), vec!["g1".into()], claims("g1"))
+            .publish_and_claim(event("e-g1"), vec!["g1".into()], claims("g1"), Vec::new())
             .await
             .unwrap();
         group_commit::give_back(store.synced.clone(), vec![c[0].delivery_id]).await;
@@ -1546,7 +1610,7 @@ mod tests {
 
         // A statement still writing its key: nothing given back until it is done.
         let (_, c) = store
-            .publish_and_claim(event("e-g3"), vec!["g3".into()], claims("g3"))
+            .publish_and_claim(event("e-g3"), vec!["g3".into()], claims("g3"), Vec::new())
             .await
             .unwrap();
         let g3 = c[0].delivery_id;
@@ -1591,7 +1655,12 @@ mod tests {
         // Keys of answered batches are forgotten by the statements after them.
         for i in 0..4 {
             store
-                .publish_and_claim(event(&format!("f-{i}")), vec!["g4".into()], claims("g4"))
+                .publish_and_claim(
+                    event(&format!("f-{i}")),
+                    vec!["g4".into()],
+                    claims("g4"),
+                    Vec::new(),
+                )
                 .await
                 .unwrap();
         }

@@ -603,6 +603,8 @@ impl Store for SqliteStore {
         event: NewEvent,
         targets: Vec<String>,
         claims: Vec<(String, Option<ShardFence>)>,
+        // No other process shares this store: nobody to tell of new work.
+        _held: Vec<ShardFence>,
     ) -> Result<(PublishResult, Vec<Claimed>)> {
         self.run(Durability::Synced, move |conn| {
             let now_ms = event.published_ms;

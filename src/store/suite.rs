@@ -1272,7 +1272,7 @@ pub async fn claims_made_with_a_publish(store: &dyn Store) -> usize {
     ];
     let targets = vec!["w1".into(), "w2".into(), "w3".into()];
     let (first, claimed) = store
-        .publish_and_claim(event("evt-w", 5000), targets, asked)
+        .publish_and_claim(event("evt-w", 5000), targets, asked, Vec::new())
         .await
         .unwrap();
     assert_eq!(first.targets, ["w1", "w2", "w3"]);
@@ -1307,6 +1307,7 @@ pub async fn claims_made_with_a_publish(store: &dyn Store) -> usize {
             event("evt-w", 6000),
             vec!["w1".into()],
             vec![("w1".into(), None)],
+            Vec::new(),
         )
         .await
         .unwrap();

@@ -138,14 +138,15 @@ impl Store for FaultyStore {
         e: NewEvent,
         t: Vec<String>,
         claims: Vec<(String, Option<ShardFence>)>,
+        held: Vec<ShardFence>,
     ) -> Result<(PublishResult, Vec<Claimed>)> {
         assert!(
-            self.claim_with_publish,
+            self.claim_with_publish || claims.is_empty(),
             "asked to claim by a store that says it cannot"
         );
         self.up()?;
         let fences: Vec<ShardFence> = claims.iter().filter_map(|(_, f)| *f).collect();
-        let (result, claimed) = self.inner.publish_and_claim(e, t, claims).await?;
+        let (result, claimed) = self.inner.publish_and_claim(e, t, claims, held).await?;
         self.claimed_with_publish
             .fetch_add(claimed.len() as u32, Ordering::AcqRel);
         if !claimed.is_empty()

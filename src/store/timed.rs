@@ -50,8 +50,13 @@ impl<S: Store> Store for Timed<S> {
         event: NewEvent,
         targets: Vec<String>,
         claims: Vec<(String, Option<ShardFence>)>,
+        held: Vec<ShardFence>,
     ) -> Result<(PublishResult, Vec<Claimed>)> {
-        timed("publish", self.0.publish_and_claim(event, targets, claims)).await
+        timed(
+            "publish",
+            self.0.publish_and_claim(event, targets, claims, held),
+        )
+        .await
     }
     fn claims_with_publish(&self) -> bool {
         self.0.claims_with_publish()

@@ -14,7 +14,7 @@ use super::{Engine, EngineError, Notice, UNROUTED_NAMESPACE};
 use crate::delivery::clock::now_ms;
 use crate::delivery::format::Envelope;
 use crate::delivery::trace;
-use crate::store::{self, NewEvent, PublishResult};
+use crate::store::{self, NewEvent, PublishResult, ShardFence};
 
 /// How often each namespace's stored bytes are taken from the store again (pruning frees
 /// them, other replicas add theirs), or twenty times what the last count took.
@@ -399,15 +399,27 @@ impl Engine {
             .iter()
             .map(|(slot, _)| slot.config.uid.clone())
             .collect();
-        let result = if started.is_empty() {
-            self.store.publish(event, targets).await?
-        } else {
+        // The lanes of shards held here are woken here (after_publish): other replicas need
+        // no notice of them.
+        let held = self.held_shards_of(&targets);
+        let result = if !started.is_empty() {
             // Its own task, so that it runs to the end even if the caller goes away: the
             // claims committed with the publish are attempts only this task starts.
             let engine = self.clone();
-            tokio::spawn(async move { engine.publish_and_start(event, targets, started).await })
-                .await
-                .map_err(|e| store::Error::Backend(format!("the publish stopped: {e}")))??
+            tokio::spawn(async move {
+                engine
+                    .publish_and_start(event, targets, started, held)
+                    .await
+            })
+            .await
+            .map_err(|e| store::Error::Backend(format!("the publish stopped: {e}")))??
+        } else if !held.is_empty() {
+            self.store
+                .publish_and_claim(event, targets, Vec::new(), held)
+                .await?
+                .0
+        } else {
+            self.store.publish(event, targets).await?
         };
         // What the store wrote stays counted; the rest is released when `reservation` drops.
         reservation.written(body_bytes, &result);
@@ -426,12 +438,16 @@ impl Engine {
         event: NewEvent,
         targets: Vec<String>,
         started: Vec<(Slot, Fence)>,
+        held: Vec<ShardFence>,
     ) -> store::Result<PublishResult> {
         let claims = started
             .iter()
             .map(|(slot, fence)| (slot.config.uid.to_string(), fence.token()))
             .collect();
-        let (result, mut claimed) = match self.store.publish_and_claim(event, targets, claims).await
+        let (result, mut claimed) = match self
+            .store
+            .publish_and_claim(event, targets, claims, held)
+            .await
         {
             Ok((result, claimed)) => (Ok(result), claimed),
             Err(e) => (Err(e), Vec::new()),

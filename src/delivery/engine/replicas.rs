@@ -8,7 +8,7 @@ use std::time::Duration;
 use super::fence::Fence;
 use super::{Engine, Notice};
 use crate::delivery::shards::Ownership;
-use crate::store::NewWorkFeed;
+use crate::store::{NewWorkFeed, ShardFence};
 
 /// With several replicas: how often each takes its count of pending attempts per namespace
 /// from the store again.
@@ -31,6 +31,17 @@ impl Engine {
     /// The subscription's shard, when replicas divide the subscriptions.
     pub fn shard_of(&self, uid: &str) -> Option<u32> {
         self.ownership.get().map(|o| o.shard_of(uid))
+    }
+
+    /// The shards of `targets` this replica holds now, each once, at the epochs it holds them.
+    pub(super) fn held_shards_of(&self, targets: &[String]) -> Vec<ShardFence> {
+        let mut held: Vec<ShardFence> = targets
+            .iter()
+            .filter_map(|uid| Fence::take(self.ownership.get(), uid).ok()?.token())
+            .collect();
+        held.sort_by_key(|f| (f.shard, f.epoch));
+        held.dedup();
+        held
     }
 
     /// Whether this replica may start attempts for the subscription now.

@@ -72,7 +72,9 @@ const PAYLOAD_BYTES: i64 = 7000;
 /// the claim without a statement of its own, and one row version fewer.
 ///
 /// The NOTIFY goes with it (`payloads`, `noticed`): the subscriptions given a delivery this
-/// batch did not claim, each named once, as few payloads of at most `$12` bytes as they
+/// batch did not claim, except those in a shard the publishing replica holds (`held`, its
+/// owner row at that epoch, locked with the others until the commit: that replica wakes
+/// the lane itself, and whoever takes the shard afterwards wakes all its lanes), each named once, as few payloads of at most `$12` bytes as they
 /// fit in, and per publish to more than one payload names (`wide`) its namespace and type
 /// instead (`e:<namespace>:<type>`). A notice is delivered only once the work is
 /// committed; a claimed lane's attempt is started by its publish, and a notice would only
@@ -99,11 +101,16 @@ const PUBLISH: &str = "
     ), asked AS (
         SELECT * FROM unnest($8::bigint[], $9::text[], $10::integer[], $11::bigint[])
             AS a(n, uid, shard, epoch)
+    ), held AS (
+        SELECT * FROM unnest($15::integer[], $16::bigint[]) AS h(shard, epoch)
     ), owner AS MATERIALIZED (
         SELECT o.shard, o.epoch FROM shard_owners o
         WHERE (o.shard, o.epoch) IN (SELECT a.shard, a.epoch FROM asked a
                                      JOIN live l ON l.n = a.n AND l.uid = a.uid
-                                     WHERE a.epoch IS NOT NULL)
+                                     WHERE a.epoch IS NOT NULL
+                                     UNION ALL
+                                     SELECT h.shard, h.epoch FROM held h
+                                     WHERE h.shard IN (SELECT shard FROM live))
         ORDER BY o.shard
         FOR SHARE
     ), claiming AS MATERIALIZED (
@@ -142,7 +149,12 @@ const PUBLISH: &str = "
         ORDER BY w.n, live.uid
         RETURNING id, event, sub_uid, state
     ), unclaimed AS MATERIALIZED (
-        SELECT w.n, m.sub_uid FROM written w JOIN made m ON m.event = w.id WHERE m.state = 0
+        SELECT w.n, m.sub_uid
+        FROM written w JOIN made m ON m.event = w.id
+        JOIN live l ON l.n = w.n AND l.uid = m.sub_uid
+        WHERE m.state = 0
+          AND NOT EXISTS (SELECT 1 FROM owner o JOIN held h USING (shard, epoch)
+                          WHERE o.shard = l.shard)
     ), wide AS MATERIALIZED (
         SELECT n FROM unclaimed GROUP BY n HAVING sum(octet_length(sub_uid) + 1) > $12
     ), payloads AS (
@@ -181,6 +193,8 @@ struct Queued {
     targets: Vec<String>,
     /// The subscriptions whose claim the publish asks for, each with its fence.
     claims: Vec<(String, Option<ShardFence>)>,
+    /// The shards the publishing replica holds, whose lanes it wakes itself: no notice.
+    held: Vec<ShardFence>,
     answer: oneshot::Sender<Result<Published>>,
 }
 
@@ -249,12 +263,14 @@ impl GroupCommit {
         event: NewEvent,
         targets: Vec<String>,
         claims: Vec<(String, Option<ShardFence>)>,
+        held: Vec<ShardFence>,
     ) -> Result<Published> {
         let (answer, answered) = oneshot::channel();
         let queued = Queued {
             event,
             targets,
             claims,
+            held,
             answer,
         };
         let waited = tokio::time::timeout(OP_TIMEOUT, async {
@@ -409,6 +425,7 @@ pub(super) async fn publish_batch(
             event,
             targets,
             claims: Vec::new(),
+            held: Vec::new(),
             // Answered by the return value instead.
             answer: oneshot::channel().0,
         })
@@ -700,6 +717,13 @@ async fn write(
     let (mut target_of, mut target_uid) = (Vec::new(), Vec::new());
     let (mut asked_of, mut asked_uid, mut asked_shard, mut asked_epoch) =
         (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    // One replica's publishes: the shards it holds, as each publish saw them.
+    let held: BTreeSet<(i32, i64)> = batch
+        .iter()
+        .flat_map(|item| &item.held)
+        .map(|f| (shard_number(f.shard), f.epoch))
+        .collect();
+    let (held_shard, held_epoch): (Vec<i32>, Vec<i64>) = held.into_iter().unzip();
     for (n, item) in batch.iter().enumerate() {
         for uid in &item.targets {
             target_of.push(n as i64 + 1);
@@ -727,6 +751,8 @@ async fn write(
         .bind(PAYLOAD_BYTES)
         .bind(batch_key)
         .bind(forget)
+        .bind(held_shard)
+        .bind(held_epoch)
         .fetch_all(conn)
         .await?;
     // Per publish written: its deliveries' subscriptions, and those made claimed with
@@ -803,6 +829,7 @@ pub(super) async fn write_keyed(
         event,
         targets,
         claims,
+        held: Vec::new(),
         answer: oneshot::channel().0,
     };
     let mut conn = pool.acquire().await?;
