@@ -74,7 +74,8 @@ const PAYLOAD_BYTES: i64 = 7000;
 /// The NOTIFY goes with it (`payloads`, `noticed`): the subscriptions given a delivery this
 /// batch did not claim, except those in a shard the publishing replica holds (`held`, its
 /// owner row at that epoch, locked with the others until the commit: that replica wakes
-/// the lane itself, and whoever takes the shard afterwards wakes all its lanes), each named once, as few payloads of at most `$12` bytes as they
+/// the lane itself, and whoever takes the shard afterwards wakes all its lanes), each
+/// named once, as few payloads of at most `$12` bytes as they
 /// fit in, and per publish to more than one payload names (`wide`) its namespace and type
 /// instead (`e:<namespace>:<type>`). A notice is delivered only once the work is
 /// committed; a claimed lane's attempt is started by its publish, and a notice would only
