@@ -45,7 +45,9 @@ pub(super) const LOCK_TIMEOUT: &str = "250ms";
 /// deliveries, in the order claims, removals and take-overs take them. A delivery moves on
 /// only while in flight under its claim (same attempt number): one purged meanwhile is
 /// gone, and a stale claim's attempt (a take-over made it due again, or another replica
-/// claimed it since) is history only. A 410 Gone disables the subscription whatever its
+/// claimed it since) is history only. `moved` finds it by its key alone: naming its
+/// subscription too (which `target` read from the same row, and which never changes) made
+/// the planner walk the lane index past the lane's earlier in-flight entries instead. A 410 Gone disables the subscription whatever its
 /// threshold; `disabled_now` compares with the row `sub` locked. After a delivery, with
 /// `then_claim`, the lane's next due delivery is claimed (`following`, `claimed`: the rules
 /// of a claim, the fence held through `moved`). `next_due` is the lane's next due time; one
@@ -82,7 +84,6 @@ const RECORD: &str = "
         UPDATE deliveries d SET state = t.state, due_ms = t.due_ms, finished_ms = t.finished_ms
         FROM target t JOIN sub ON sub.uid = t.sub_uid
         WHERE d.id = t.delivery AND d.state = 1 AND d.attempts = t.attempt
-          AND d.sub_uid = t.sub_uid
           AND (t.shard IS NULL
                OR EXISTS (SELECT 1 FROM owner o WHERE o.shard = t.shard AND o.epoch = t.epoch))
         RETURNING d.id, d.sub_uid
