@@ -97,6 +97,11 @@ const MIGRATIONS: &[(i64, &str, &str)] = &[
         "publish claims",
         include_str!("postgres/0004_publish_claims.sql"),
     ),
+    (
+        5,
+        "no event index",
+        include_str!("postgres/0005_no_event_index.sql"),
+    ),
 ];
 
 /// Connections per writing pool (two per process). With the committers', the recorders'
