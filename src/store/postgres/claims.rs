@@ -41,7 +41,7 @@ pub(super) const LOCK_TIMEOUT: &str = "250ms";
 /// disabled or removed, and under strict order none while one is in flight). One statement
 /// sees one snapshot: a delivery skipped because another claimer held it still counts as
 /// due, and its lane looks again, finding it gone.
-const CLAIM: &str = "
+pub(super) const CLAIM: &str = "
     WITH input AS (
         SELECT * FROM unnest($1::text[], $2::bigint[], $3::integer[], $4::bigint[])
             WITH ORDINALITY AS i(uid, now_ms, shard, epoch, n)

@@ -53,7 +53,7 @@ pub(super) const LOCK_TIMEOUT: &str = "250ms";
 /// of a claim, the fence held through `moved`). `next_due` is the lane's next due time; one
 /// statement sees one snapshot, so a retry scheduled here is not among it, and a delivery
 /// claimed here still is.
-const RECORD: &str = "
+pub(super) const RECORD: &str = "
     WITH input AS (
         SELECT * FROM unnest($1::bigint[], $2::smallint[], $3::bigint[], $4::bigint[],
                              $5::bigint[], $6::text[], $7::integer[], $8::bigint[], $9::text[],

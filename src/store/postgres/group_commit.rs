@@ -88,7 +88,7 @@ const PAYLOAD_BYTES: i64 = 7000;
 /// answer comes with its commit. Should that answer be lost, what it claimed is kept under
 /// the batch's key (`$13`, in `publish_claims`, see [`give_back_unanswered`]); keys of
 /// batches answered since are deleted (`$14`).
-const PUBLISH: &str = "
+pub(super) const PUBLISH: &str = "
     WITH input AS (
         SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::bytea[], $5::bigint[])
             WITH ORDINALITY AS i(namespace, event_id, event_type, body, published_ms, n)
