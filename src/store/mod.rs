@@ -365,10 +365,11 @@ pub struct Completion {
     pub disabled_now: bool,
     pub consecutive_failures: u32,
     /// When recorded: the earliest due time of the subscription's deliveries waiting to be
-    /// claimed, as the completion saw them (None: none waits, or the subscription is paused,
-    /// disabled or gone). The lane then asks for its next claim only when one is due,
-    /// rather than once more after every attempt to find out. A retry this completion
-    /// scheduled may or may not be among them.
+    /// claimed, as the completion saw them (None: none waits, the subscription is paused,
+    /// disabled or gone, or [`Store::complete_and_claim`] claimed the next one, with which
+    /// the lane goes on, learning what is due after it from that one's record). The lane
+    /// then asks for its next claim only when one is due, rather than once more after every
+    /// attempt to find out. A retry this completion scheduled may or may not be among them.
     pub next_due_ms: Option<i64>,
     /// [`Store::complete_dead_letter`] only: the letter was queued on the sink's lane (the
     /// death was recorded, the lane is live and the letter's id was not stored before).

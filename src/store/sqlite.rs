@@ -1111,7 +1111,11 @@ fn complete(
         },
         _ => None,
     };
-    let next_due_ms = next_due(conn, &sub_uid)?;
+    // Going on with the one claimed, the lane learns what is due after it from its record.
+    let next_due_ms = match following {
+        Some(_) => None,
+        None => next_due(conn, &sub_uid)?,
+    };
     let completion = Completion {
         recorded: true,
         disabled_now,

@@ -1549,6 +1549,10 @@ async fn completions_claim_the_next_delivery(store: &dyn Store) {
     // A delivery claims the next, under the same fence.
     let (done, second) = deliver(&first, Some(200)).await;
     assert!(done.recorded);
+    assert_eq!(
+        done.next_due_ms, None,
+        "the lane goes on with the claimed one, whose record says what is due after it"
+    );
     let second = second.expect("the next due delivery is claimed with the completion");
     assert_eq!(
         (second.event_id.as_str(), second.subscription_uid.as_str()),

@@ -50,9 +50,9 @@ pub(super) const LOCK_TIMEOUT: &str = "250ms";
 /// the planner walk the lane index past the lane's earlier in-flight entries instead. A 410 Gone disables the subscription whatever its
 /// threshold; `disabled_now` compares with the row `sub` locked. After a delivery, with
 /// `then_claim`, the lane's next due delivery is claimed (`following`, `claimed`: the rules
-/// of a claim, the fence held through `moved`). `next_due` is the lane's next due time; one
-/// statement sees one snapshot, so a retry scheduled here is not among it, and a delivery
-/// claimed here still is.
+/// of a claim, the fence held through `moved`). The last column is the lane's next due time,
+/// none when a delivery was claimed here (the lane goes on with it); one statement sees one
+/// snapshot, so a retry scheduled here is not among it.
 pub(super) const RECORD: &str = "
     WITH input AS (
         SELECT * FROM unnest($1::bigint[], $2::smallint[], $3::bigint[], $4::bigint[],
@@ -140,17 +140,19 @@ pub(super) const RECORD: &str = "
                WHEN t.n IS NULL OR NOT coalesce(sub.active, false)
                     OR coalesce(c.disabled_now, false)
                THEN NULL
+               -- The lane goes on with the delivery claimed here; its record says what
+               -- is due after it.
+               WHEN cl.id IS NOT NULL THEN NULL
                WHEN NOT sub.strict_order THEN
                    (SELECT min(d.due_ms) FROM deliveries d
                     WHERE d.sub_uid = sub.uid AND d.state = 0)
-               -- Strict: a retry stays the oldest; one claimed here or still on the wire
-               -- holds the lane; else the oldest waiting one's.
+               -- Strict: a retry stays the oldest; one still on the wire holds the lane;
+               -- else the oldest waiting one's.
                WHEN t.state = 0 AND EXISTS (SELECT 1 FROM moved m WHERE m.id = t.delivery)
                THEN t.due_ms
-               WHEN cl.id IS NOT NULL
-                    OR EXISTS (SELECT 1 FROM deliveries d
-                               WHERE d.sub_uid = sub.uid AND d.state = 1
-                                 AND d.id <> t.delivery)
+               WHEN EXISTS (SELECT 1 FROM deliveries d
+                            WHERE d.sub_uid = sub.uid AND d.state = 1
+                              AND d.id <> t.delivery)
                THEN NULL
                ELSE (SELECT d.due_ms FROM deliveries d
                      WHERE d.sub_uid = sub.uid AND d.state = 0 AND d.strict
