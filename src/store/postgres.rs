@@ -349,12 +349,13 @@ impl PostgresStore {
                 })
             })
         };
-        // The joined writers run only those statements, and their plans are made when a
-        // connection first runs them: on a fresh database, with the tables still empty, the
-        // planner would read whole tables rather than their keys, and that plan would stay
-        // as the tables grew (until an analyze happened to invalidate it; measured: a
-        // record twice as dear at 10,000 deliveries). With sequential scans off, every
-        // plan addresses rows by their indexes, whatever the tables held when it was made.
+        // The joined writers run only the publish, record and claim statements, which find
+        // every row by key, and plan each when a connection first runs it: on a fresh
+        // database, with the tables still empty, the planner would read whole tables rather
+        // than their keys, and that plan would stay as the tables grew (until an analyze
+        // happened to invalidate it; measured: a record twice as dear at 10,000
+        // deliveries). With sequential scans off, every plan addresses rows by their
+        // indexes, whatever the tables held when it was made.
         let joined = write_path.clone().options([("enable_seqscan", "off")]);
         let synced = synchronous(pool()).connect_lazy_with(write_path.clone());
         let committers = synchronous(pool().max_connections(group_commit::COMMITTERS as u32))

@@ -47,8 +47,9 @@ pub(super) const LOCK_TIMEOUT: &str = "250ms";
 /// gone, and a stale claim's attempt (a take-over made it due again, or another replica
 /// claimed it since) is history only. `moved` finds it by its key alone: naming its
 /// subscription too (which `target` read from the same row, and which never changes) made
-/// the planner walk the lane index past the lane's earlier in-flight entries instead. A 410 Gone disables the subscription whatever its
-/// threshold; `disabled_now` compares with the row `sub` locked. After a delivery, with
+/// the planner walk the lane index past the lane's earlier in-flight entries instead. A
+/// 410 Gone disables the subscription whatever its threshold; `disabled_now` compares with
+/// the row `sub` locked. After a delivery, with
 /// `then_claim`, the lane's next due delivery is claimed (`following`, `claimed`: the rules
 /// of a claim, the fence held through `moved`). The last column is the lane's next due time,
 /// none when a delivery was claimed here (the lane goes on with it); one statement sees one
