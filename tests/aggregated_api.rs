@@ -254,7 +254,7 @@ async fn publish_with_kubectl_through_the_api_server() {
     cp.apply(&manifests);
     cp.wait_ready("shop", "whsub/orders");
 
-    let dir = support::fresh_dir("herald-users");
+    let dir = support::Scratch::new("herald-users");
     let alice = user_certificate(&cp, &dir, "alice", &["shop-developers"]);
     let bob = user_certificate(&cp, &dir, "bob", &[]);
 
@@ -409,7 +409,7 @@ fn herald_down_is_503_for_its_group_only(cp: &ControlPlane, operator: &mut Opera
         !refused.status.success() && err.contains("ServiceUnavailable"),
         "{err}"
     );
-    let dir = support::fresh_dir("herald-plugin-down");
+    let dir = support::Scratch::new("herald-plugin-down");
     std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_herald"), dir.join("kubectl-herald")).unwrap();
     let (code, _, err) = plugin(
         cp,
@@ -458,7 +458,7 @@ fn plugin(
 /// The plugin's commands end to end, with their exit codes: 0 done, 1 refused, 2 bad
 /// usage, 3 unavailable.
 async fn the_kubectl_plugin(cp: &ControlPlane, receiver: &Receiver) {
-    let dir = support::fresh_dir("herald-plugin");
+    let dir = support::Scratch::new("herald-plugin");
     std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_herald"), dir.join("kubectl-herald")).unwrap();
     let kubeconfig = cp.kubeconfig.clone();
     let run = |args: &[&str]| plugin(cp, &dir, &kubeconfig, args);

@@ -84,8 +84,8 @@ async fn backoff_ignores_clock_steps_and_signatures_follow_them() {
             json!({"delivery": {"retry": {"initialBackoff": "500ms", "maxBackoff": "500ms", "maxDuration": "10m", "maxAttempts": 1000}}}),
         ),
     ];
-    let dir = std::env::temp_dir().join(format!("herald-clock-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    // Declared before herald, so herald stops before its clock's folder goes.
+    let dir = support::Scratch::new("herald-clock");
     let offset_file = dir.join("offset");
     step_to(&offset_file, 0);
     let preload = libfaketime();

@@ -82,7 +82,7 @@ async fn schemathesis_finds_herald_true_to_its_document() {
     );
 
     let python = std::env::var("HERALD_PYTHON").unwrap_or_else(|_| "python3".into());
-    let report = support::fresh_dir("schemathesis");
+    let report = support::Scratch::new("schemathesis");
     let out = Command::new(&python)
         .args(["-m", "schemathesis.cli", "run"])
         .arg(checked_in())
@@ -97,9 +97,9 @@ async fn schemathesis_finds_herald_true_to_its_document() {
         .args(["--max-examples", "40", "--seed", "1", "--workers", "1"])
         .args(["--request-timeout", "10"])
         .arg("--report-dir")
-        .arg(&report)
+        .arg(&*report)
         .env("SCHEMATHESIS_HOOKS", "")
-        .current_dir(&report)
+        .current_dir(&*report)
         .output()
         .unwrap_or_else(|e| panic!("running {python} -m schemathesis.cli: {e}"));
     let stdout = String::from_utf8_lossy(&out.stdout);

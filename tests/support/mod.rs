@@ -61,6 +61,36 @@ pub fn fresh_dir(prefix: &str) -> std::path::PathBuf {
     dir
 }
 
+/// A test's own folder (see [`fresh_dir`]), removed when it is dropped; kept for
+/// inspection when dropped while the test fails, as herald's folder is.
+pub struct Scratch(std::path::PathBuf);
+
+impl Scratch {
+    pub fn new(prefix: &str) -> Self {
+        Self(fresh_dir(prefix))
+    }
+}
+
+impl std::ops::Deref for Scratch {
+    type Target = std::path::Path;
+    fn deref(&self) -> &std::path::Path {
+        &self.0
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!(
+                "the test's folder kept for inspection: {}",
+                self.0.display()
+            );
+        } else {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+}
+
 /// Runs the test Python (HERALD_PYTHON, else `python3`: scripts/test puts its .venv, with
 /// the pinned packages, on PATH) with `args`, feeding it `input`; returns what it printed.
 /// Fails with its stderr, naming `what` it was asked to do, unless it exits 0.
