@@ -143,8 +143,12 @@ async fn backoff_ignores_clock_steps_and_signatures_follow_them() {
             |h| h.iter().filter(|h| h.path == "/forward").count() >= before + 3,
         )
         .await;
+    // Still retrying: waiting for its next attempt, or (500 ms later) on the wire with it.
     let delivery = recorded(&herald, "forward", "f-1", before as u64 + 3).await;
-    assert_eq!(delivery["state"], "pending", "{delivery}");
+    assert!(
+        matches!(delivery["state"].as_str(), Some("pending" | "in-flight")),
+        "{delivery}"
+    );
     let last = receiver.hits_for("/forward").pop().unwrap();
     let stamp: i64 = last.header("webhook-timestamp").parse().unwrap();
     let expected = real_now_s() + 86_400;
