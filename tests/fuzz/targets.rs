@@ -659,24 +659,20 @@ fn planted_only_as_values(text: &str) -> bool {
     if text.contains('&') {
         return false;
     }
-    fn in_a_key(value: &Value) -> bool {
+    // A key holding it, or a kind, name or namespace at any depth holding it (a quoted
+    // scalar spanning lines hides from the line-by-line judgement below which key it is under).
+    fn names_it(value: &Value) -> bool {
         match value {
-            Value::Object(map) => map
-                .iter()
-                .any(|(k, v)| k.contains(PLANTED_SECRET) || in_a_key(v)),
-            Value::Array(items) => items.iter().any(in_a_key),
+            Value::Object(map) => map.iter().any(|(k, v)| {
+                k.contains(PLANTED_SECRET)
+                    || (["kind", "name", "namespace"].contains(&k.as_str())
+                        && v.to_string().contains(PLANTED_SECRET))
+                    || names_it(v)
+            }),
+            Value::Array(items) => items.iter().any(names_it),
             _ => false,
         }
     }
-    let names_it = |doc: &Value| {
-        ["/kind", "/metadata/name", "/metadata/namespace"]
-            .iter()
-            .any(|at| {
-                doc.pointer(at)
-                    .is_some_and(|v| v.to_string().contains(PLANTED_SECRET))
-            })
-            || in_a_key(doc)
-    };
     match serde_saphyr::from_multiple::<Value>(text) {
         Ok(docs) if docs.iter().any(names_it) => return false,
         Ok(_) => {}
