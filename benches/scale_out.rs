@@ -27,6 +27,7 @@ use std::time::{Duration, Instant};
 
 use common::{Report, Target, thousands};
 use sqlx_core::connection::Connection;
+use sqlx_core::executor::Executor;
 use sqlx_postgres::PgConnection;
 use support::control_plane::ControlPlane;
 use support::cpu::Machine;
@@ -37,6 +38,7 @@ use support::scale_out::{Load, cluster, replica, tenants, tokens, wait_for_holde
 
 const NAMESPACES: usize = 4;
 const PER_NAMESPACE: usize = 8;
+const WRITE_FLOOR: &str = "server CPU of a one-row UPDATE and its commit, one connection, same server: the least a write statement costs it";
 
 /// What the PostgreSQL server does over a phase: its CPU (its processes, from /proc), the
 /// statements it ran (pg_stat_statements, which scripts/postgres loads) and the WAL it
@@ -299,6 +301,32 @@ fn pause_all(cp: &ControlPlane, receiver: &Receiver, paused: bool) {
     }
 }
 
+/// The least a write statement costs the server: its CPU per one-row UPDATE and commit,
+/// one connection, each statement its own transaction (prepared once, as herald's are;
+/// synchronous_commit off, as herald's records and claims run).
+async fn write_floor(pg: &Postgres, statements: i32) -> f64 {
+    let mut conn = connect(&pg.url).await;
+    for sql in [
+        "SET synchronous_commit = off",
+        "CREATE TABLE bench_write_floor (id integer PRIMARY KEY, v bigint NOT NULL)",
+        "INSERT INTO bench_write_floor SELECT g, 0 FROM generate_series(1, 100) g",
+    ] {
+        conn.execute(sql).await.unwrap();
+    }
+    let update = "UPDATE bench_write_floor SET v = v + 1 WHERE id = $1";
+    let before = support::cpu::of_tree(pg.postmaster_pid().expect("the server runs"));
+    for i in 0..statements {
+        sqlx_core::query::query(update)
+            .bind(i % 100 + 1)
+            .execute(&mut conn)
+            .await
+            .unwrap();
+    }
+    let cpu = support::cpu::of_tree(pg.postmaster_pid().expect("the server runs")) - before;
+    conn.execute("DROP TABLE bench_write_floor").await.unwrap();
+    cpu.as_secs_f64() * 1e6 / f64::from(statements)
+}
+
 /// River's `river bench` burn-down of `jobs` jobs in a database of its own on `pg`: jobs/s,
 /// the server's use per job over the whole command (its inserts of the jobs included), and
 /// the machine's cores busy meanwhile.
@@ -433,6 +461,7 @@ async fn main() {
     );
     stop(&cp, replicas, true).await;
     let (river, river_use, river_busy) = river(&pg, jobs).await;
+    let floor = write_floor(&pg, report.mode.pick(2_000, 5_000)).await;
 
     let n = thousands(events);
     report
@@ -508,6 +537,33 @@ async fn main() {
         1e6 / three.server.as_ref().expect("PostgreSQL figures").server_cpu_us,
         "events/s",
     );
+    // Three replicas on one machine each see a third of the load and join a third as much
+    // into a statement, so they send more statements an event: what each added statement
+    // costs the server, and what the CPU target leaves for one, against the least a write
+    // statement costs it.
+    let (s1, s3) = (
+        one.server.as_ref().expect("PostgreSQL figures"),
+        three.server.as_ref().expect("PostgreSQL figures"),
+    );
+    let added = s3.statements - s1.statements;
+    if added > 0.0 {
+        report
+            .add(
+                "scale_out.server_cpu_per_added_statement",
+                "PostgreSQL server CPU per statement three replicas add ((server CPU per event, three replicas − one) / (statements per event, three − one))",
+                (s3.server_cpu_us - s1.server_cpu_us) / added,
+                "µs",
+            )
+            .reference(WRITE_FLOOR, floor);
+        report
+            .add(
+                "scale_out.cpu_3.allowance_per_added_statement",
+                "CPU the ≤ 1.1 × target leaves per statement three replicas add (0.1 × one replica's CPU per event / (statements per event, three replicas − one))",
+                0.1 * one.cpu_us() / added,
+                "µs",
+            )
+            .reference(WRITE_FLOOR, floor);
+    }
     report
         .add(
             "scale_out.drain_postgres",
