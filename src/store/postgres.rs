@@ -80,6 +80,7 @@ use super::*;
 mod claims;
 mod completions;
 mod group_commit;
+mod on_wire;
 mod writing;
 
 /// The schema, one migration a file: (version, description, SQL). Never edit one that has
@@ -144,6 +145,9 @@ pub struct PostgresStore {
     /// `relaxed`'s, whose statements wait for no row lock long).
     claims: claims::Claims,
     claimers: PgPool,
+    /// The attempts handed to lanes and not yet recorded, which the recorders wait for
+    /// briefly to fill a small batch.
+    on_wire: std::sync::Arc<on_wire::OnWire>,
 }
 
 /// The migrations, for sqlx's migrator.
@@ -385,6 +389,7 @@ impl PostgresStore {
             .max_connections(1)
             .acquire_timeout(ACQUIRE_TIMEOUT)
             .connect_lazy_with(options);
+        let on_wire = std::sync::Arc::new(on_wire::OnWire::default());
         Ok(Self {
             publishes: group_commit::GroupCommit::start(committers.clone(), synced.clone()),
             committers,
@@ -392,10 +397,17 @@ impl PostgresStore {
                 completions::RECORDERS,
                 recorders.clone(),
                 relaxed.clone(),
+                Some(on_wire.clone()),
             ),
             recorders,
-            claims: claims::Claims::start(claims::CLAIMERS, claimers.clone(), relaxed.clone()),
+            claims: claims::Claims::start(
+                claims::CLAIMERS,
+                claimers.clone(),
+                relaxed.clone(),
+                None,
+            ),
             claimers,
+            on_wire,
             synced,
             relaxed,
             reads,
@@ -616,7 +628,11 @@ impl Store for PostgresStore {
             .into_iter()
             .filter(|t| seen.insert(t.clone()))
             .collect();
-        self.publishes.publish(event, targets, claims, held).await
+        let (result, claimed) = self.publishes.publish(event, targets, claims, held).await?;
+        for c in &claimed {
+            self.on_wire.claimed(c.delivery_id, c.attempt);
+        }
+        Ok((result, claimed))
     }
 
     fn claims_with_publish(&self) -> bool {
@@ -708,6 +724,7 @@ impl Store for PostgresStore {
     }
 
     async fn unclaim(&self, delivery_id: i64, attempt: u32) -> Result<bool> {
+        self.on_wire.recorded(delivery_id, attempt);
         within(
             OP_TIMEOUT,
             claims::unclaim(&self.relaxed, delivery_id, attempt),
@@ -792,14 +809,20 @@ impl Store for PostgresStore {
         next: Next,
         then_claim: Option<i64>,
     ) -> Result<(Completion, Option<Claimed>)> {
-        self.completions
+        self.on_wire.recorded(claim.delivery_id, claim.attempt);
+        let recorded = self
+            .completions
             .write(completions::Record {
                 claim,
                 attempt,
                 next,
                 then_claim,
             })
-            .await
+            .await?;
+        if let Some(c) = &recorded.1 {
+            self.on_wire.claimed(c.delivery_id, c.attempt);
+        }
+        Ok(recorded)
     }
 
     async fn complete_dead_letter(
@@ -810,6 +833,7 @@ impl Store for PostgresStore {
         letter: NewEvent,
         sink: String,
     ) -> Result<Completion> {
+        self.on_wire.recorded(claim.delivery_id, claim.attempt);
         within(OP_TIMEOUT, async {
             let mut tx = self.relaxed.begin().await?;
             let record = completions::Record {
@@ -1125,13 +1149,18 @@ impl PostgresStore {
     /// The claim, fenced by liveness and, with several replicas, by the shard's lease epoch,
     /// joined with other lanes' claims ([`claims`]).
     async fn claim(&self, uid: &str, now_ms: i64, fence: Option<ShardFence>) -> Result<Claim> {
-        self.claims
+        let claim = self
+            .claims
             .write(claims::Request {
                 uid: uid.to_string(),
                 now_ms,
                 fence,
             })
-            .await
+            .await?;
+        if let Claim::Claimed(c) = &claim {
+            self.on_wire.claimed(c.delivery_id, c.attempt);
+        }
+        Ok(claim)
     }
 }
 
@@ -2552,6 +2581,68 @@ mod tests {
         assert_eq!(
             statements, 1,
             "the five records that waited took {statements} statements"
+        );
+        store.close().await;
+    }
+
+    /// A record of a batch too small to share the statement's cost waits briefly for the
+    /// records of attempts claimed moments ago, and they go in one statement (which
+    /// attempts count: on_wire's own test).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn a_small_batch_waits_for_attempts_just_claimed() {
+        let Some(server) = Postgres::start() else {
+            return;
+        };
+        let store = Arc::new(connect(&server).await);
+        // Long enough to tell waiting from a slow machine.
+        store
+            .on_wire
+            .set_waits(Duration::from_secs(1), Duration::from_secs(5));
+        let mut claims = Vec::new();
+        for s in 0..2 {
+            let uid = format!("g{s}");
+            store.upsert_subscription(sub(&uid)).await.unwrap();
+            store
+                .publish(event(&format!("g-{s}")), vec![uid.clone()])
+                .await
+                .unwrap();
+            match store.claim_next(&uid, i64::MAX).await.unwrap() {
+                Claim::Claimed(claimed) => claims.push(claimed),
+                other => panic!("{uid}: {other:?}"),
+            }
+        }
+        let record = |claimed: Claimed| {
+            let store = store.clone();
+            tokio::spawn(async move {
+                store
+                    .complete(
+                        claimed.claim_ref(),
+                        attempt(),
+                        Next::Retry { due_ms: 50_000 },
+                    )
+                    .await
+            })
+        };
+        let mut claims = claims.into_iter();
+        let first = record(claims.next().unwrap());
+        // The first record is taken by a recorder, which waits for the second (claimed just
+        // now, and waits up to 1 s here) rather than writing it alone.
+        until("the first record handed over", || {
+            store.completions.sent() == 1 && store.completions.queued() == 0
+        })
+        .await;
+        assert_eq!(store.completions.writing(), 0, "written without waiting");
+        let second = record(claims.next().unwrap());
+        assert!(first.await.unwrap().unwrap().recorded);
+        assert!(second.await.unwrap().unwrap().recorded);
+        let mut conn = raw(&server.url).await;
+        let statements: i64 = query_scalar("SELECT count(DISTINCT xmin::text) FROM attempt_log")
+            .fetch_one(&mut conn)
+            .await
+            .unwrap();
+        assert_eq!(
+            statements, 1,
+            "the two records took {statements} statements"
         );
         store.close().await;
     }

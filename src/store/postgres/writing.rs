@@ -27,6 +27,7 @@ use futures::future::BoxFuture;
 use sqlx_postgres::PgPool;
 use tokio::sync::{Mutex, Notify, mpsc, oneshot};
 
+use super::on_wire::OnWire;
 use super::{Error, OP_TIMEOUT, Result, classify};
 
 /// How long a writer with work waits for the statement before it to return before writing
@@ -36,6 +37,16 @@ pub(super) const OVERLAP_AFTER: Duration = if cfg!(test) {
 } else {
     Duration::from_millis(10)
 };
+
+/// Gathering (the records' writers only): a writer that finds fewer requests than this
+/// waits a moment for more (2 ms at most) while an attempt claimed moments ago (within
+/// 10 ms) is still unrecorded ([`OnWire`]). Without it a replica that sees a third of the
+/// events (three on one server) wrote a third as many records a statement (2.8 against
+/// 9.4), and paid the server's fixed cost of a statement (the record's executor start-up
+/// alone is about 0.07 ms) three times as often. A lane alone on the wire never waits, nor
+/// do lanes whose receivers take longer than those 10 ms: no receiver holds other lanes'
+/// records back for more than 2 ms, and only while its attempt is that young.
+pub(super) const GATHER_UP_TO: usize = 16;
 
 /// One kind of writer's statements being written, and a signal each time one returns.
 #[derive(Default)]
@@ -125,8 +136,14 @@ pub(super) struct Joined<S: Statement> {
 
 impl<S: Statement> Joined<S> {
     /// Starts `writers` writers, writing batches through `batches` (whose connections wait
-    /// for a row lock briefly) and requests on their own through `alone`.
-    pub(super) fn start(writers: usize, batches: PgPool, alone: PgPool) -> Self {
+    /// for a row lock briefly) and requests on their own through `alone`; with `on_wire`,
+    /// gathering small batches (see [`GATHER_UP_TO`]).
+    pub(super) fn start(
+        writers: usize,
+        batches: PgPool,
+        alone: PgPool,
+        on_wire: Option<Arc<OnWire>>,
+    ) -> Self {
         let (queue, queued) = mpsc::channel(QUEUE);
         let queued = Arc::new(Mutex::new(queued));
         let writing = Arc::new(Writing::default());
@@ -136,6 +153,7 @@ impl<S: Statement> Joined<S> {
                 alone.clone(),
                 queued.clone(),
                 writing.clone(),
+                on_wire.clone(),
             ));
         }
         Self {
@@ -189,6 +207,7 @@ async fn writer<S: Statement>(
     alone: PgPool,
     queued: Arc<Mutex<mpsc::Receiver<Queued<S>>>>,
     writing: Arc<Writing>,
+    on_wire: Option<Arc<OnWire>>,
 ) {
     // Requests a statement left for the next one.
     let mut carried: Vec<Queued<S>> = Vec::new();
@@ -203,6 +222,9 @@ async fn writer<S: Statement>(
             // Holding the queue, so that what comes meanwhile joins this batch.
             writing.wait_for_none(OVERLAP_AFTER).await;
             take_queued(&mut queued, &mut batch);
+            if let Some(on_wire) = &on_wire {
+                gather(&mut queued, &mut batch, on_wire).await;
+            }
         } else if let Ok(mut queued) = queued.try_lock() {
             // Never waits for the queue: another writer may hold it while waiting for a
             // request that does not come, and the requests carried here would wait with it.
@@ -219,6 +241,22 @@ fn take_queued<S: Statement>(queued: &mut mpsc::Receiver<Queued<S>>, batch: &mut
         match queued.try_recv() {
             Ok(next) => batch.push(next),
             Err(_) => break,
+        }
+    }
+}
+
+/// Waits for more requests while the batch is small and an attempt claimed moments ago may
+/// still record (see [`GATHER_UP_TO`]).
+async fn gather<S: Statement>(
+    queued: &mut mpsc::Receiver<Queued<S>>,
+    batch: &mut Vec<Queued<S>>,
+    on_wire: &OnWire,
+) {
+    let deadline = tokio::time::Instant::now() + on_wire.gather_for();
+    while batch.len() < GATHER_UP_TO.min(S::MAX_BATCH) && on_wire.any_recent() {
+        match tokio::time::timeout_at(deadline, queued.recv()).await {
+            Ok(Some(next)) => batch.push(next),
+            _ => return,
         }
     }
 }
