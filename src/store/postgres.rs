@@ -1748,7 +1748,6 @@ mod tests {
         store.close().await;
     }
 
-    /// A plain connection beside the store, to look at or hold rows as another process would.
     /// Polls `done` until it holds, failing after 4 s.
     async fn until(what: &str, done: impl Fn() -> bool) {
         let deadline = tokio::time::Instant::now() + Duration::from_secs(4);
@@ -1758,8 +1757,45 @@ mod tests {
         }
     }
 
+    /// A plain connection beside the store, to look at or hold rows as another process would.
     async fn raw(url: &str) -> PgConnection {
         PgConnection::connect(url).await.unwrap()
+    }
+
+    /// `n` subscriptions `{prefix}{s}`, each with one event published and its attempt
+    /// claimed: the claims, in order.
+    async fn one_claim_each(store: &PostgresStore, prefix: &str, n: usize) -> Vec<Claimed> {
+        let mut claims = Vec::new();
+        for s in 0..n {
+            let uid = format!("{prefix}{s}");
+            store.upsert_subscription(sub(&uid)).await.unwrap();
+            store
+                .publish(event(&format!("{prefix}-{s}")), vec![uid.clone()])
+                .await
+                .unwrap();
+            match store.claim_next(&uid, i64::MAX).await.unwrap() {
+                Claim::Claimed(claimed) => claims.push(claimed),
+                other => panic!("{uid}: {other:?}"),
+            }
+        }
+        claims
+    }
+
+    /// Records `claimed`'s attempt as failed with a retry far off, in a task of its own.
+    fn record_retry(
+        store: &Arc<PostgresStore>,
+        claimed: Claimed,
+    ) -> tokio::task::JoinHandle<Result<Completion>> {
+        let store = store.clone();
+        tokio::spawn(async move {
+            store
+                .complete(
+                    claimed.claim_ref(),
+                    attempt(),
+                    Next::Retry { due_ms: 50_000 },
+                )
+                .await
+        })
     }
 
     /// Replicas starting at once on an empty database: sqlx's migrator serialises them with
@@ -2454,18 +2490,7 @@ mod tests {
                 };
             }
         }
-        let record = |key: &str| {
-            let (store, claimed) = (store.clone(), claims[key].clone());
-            tokio::spawn(async move {
-                store
-                    .complete(
-                        claimed.claim_ref(),
-                        attempt(),
-                        Next::Retry { due_ms: 50_000 },
-                    )
-                    .await
-            })
-        };
+        let record = |key: &str| record_retry(&store, claims[key].clone());
         let mut held = Vec::new();
         for _ in 0..completions::RECORDERS {
             held.push(store.recorders.acquire().await.unwrap());
@@ -2518,31 +2543,8 @@ mod tests {
             return;
         };
         let store = Arc::new(connect(&server).await);
-        let mut claims = Vec::new();
-        for s in 0..6 {
-            let uid = format!("w{s}");
-            store.upsert_subscription(sub(&uid)).await.unwrap();
-            store
-                .publish(event(&format!("w-{s}")), vec![uid.clone()])
-                .await
-                .unwrap();
-            match store.claim_next(&uid, i64::MAX).await.unwrap() {
-                Claim::Claimed(claimed) => claims.push(claimed),
-                other => panic!("{uid}: {other:?}"),
-            }
-        }
-        let record = |claimed: Claimed| {
-            let store = store.clone();
-            tokio::spawn(async move {
-                store
-                    .complete(
-                        claimed.claim_ref(),
-                        attempt(),
-                        Next::Retry { due_ms: 50_000 },
-                    )
-                    .await
-            })
-        };
+        let claims = one_claim_each(&store, "w", 6).await;
+        let record = |claimed: Claimed| record_retry(&store, claimed);
         // The first statement waits for a connection, the pool's all held here.
         let mut held = Vec::new();
         for _ in 0..completions::RECORDERS {
@@ -2598,31 +2600,8 @@ mod tests {
         store
             .on_wire
             .set_waits(Duration::from_secs(1), Duration::from_secs(5));
-        let mut claims = Vec::new();
-        for s in 0..2 {
-            let uid = format!("g{s}");
-            store.upsert_subscription(sub(&uid)).await.unwrap();
-            store
-                .publish(event(&format!("g-{s}")), vec![uid.clone()])
-                .await
-                .unwrap();
-            match store.claim_next(&uid, i64::MAX).await.unwrap() {
-                Claim::Claimed(claimed) => claims.push(claimed),
-                other => panic!("{uid}: {other:?}"),
-            }
-        }
-        let record = |claimed: Claimed| {
-            let store = store.clone();
-            tokio::spawn(async move {
-                store
-                    .complete(
-                        claimed.claim_ref(),
-                        attempt(),
-                        Next::Retry { due_ms: 50_000 },
-                    )
-                    .await
-            })
-        };
+        let claims = one_claim_each(&store, "g", 2).await;
+        let record = |claimed: Claimed| record_retry(&store, claimed);
         let mut claims = claims.into_iter();
         let first = record(claims.next().unwrap());
         // The first record is taken by a recorder, which waits for the second (claimed just
