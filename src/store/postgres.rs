@@ -77,6 +77,7 @@ use sqlx_postgres::{PgConnectOptions, PgConnection, PgPool, PgPoolOptions, PgRow
 
 use super::*;
 
+mod claim_stream;
 mod claims;
 mod completions;
 mod group_commit;
@@ -148,6 +149,10 @@ pub struct PostgresStore {
     /// The attempts handed to lanes and not yet recorded, which the recorders wait for
     /// briefly to fill a small batch.
     on_wire: std::sync::Arc<on_wire::OnWire>,
+    /// When the claims last came, which tells the claimers whether to wait briefly to fill
+    /// a small batch (here for a test to set how long).
+    #[cfg(test)]
+    claim_stream: std::sync::Arc<claim_stream::ClaimStream>,
 }
 
 /// The migrations, for sqlx's migrator.
@@ -390,6 +395,7 @@ impl PostgresStore {
             .acquire_timeout(ACQUIRE_TIMEOUT)
             .connect_lazy_with(options);
         let on_wire = std::sync::Arc::new(on_wire::OnWire::default());
+        let claim_stream = std::sync::Arc::new(claim_stream::ClaimStream::default());
         Ok(Self {
             publishes: group_commit::GroupCommit::start(committers.clone(), synced.clone()),
             committers,
@@ -397,17 +403,19 @@ impl PostgresStore {
                 completions::RECORDERS,
                 recorders.clone(),
                 relaxed.clone(),
-                Some(on_wire.clone()),
+                writing::Gathering::AttemptsOnWire(on_wire.clone()),
             ),
             recorders,
             claims: claims::Claims::start(
                 claims::CLAIMERS,
                 claimers.clone(),
                 relaxed.clone(),
-                None,
+                writing::Gathering::ClaimStream(claim_stream.clone()),
             ),
             claimers,
             on_wire,
+            #[cfg(test)]
+            claim_stream,
             synced,
             relaxed,
             reads,
@@ -2623,6 +2631,62 @@ mod tests {
             statements, 1,
             "the two records took {statements} statements"
         );
+        store.close().await;
+    }
+
+    /// A claim in a stream (close after the last one) waits briefly for more and they go in
+    /// one statement; a claim after a quiet moment waits for nothing.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn claims_in_a_stream_wait_for_more_and_after_quiet_for_none() {
+        let Some(server) = Postgres::start() else {
+            return;
+        };
+        let store = Arc::new(connect(&server).await);
+        // Waits long enough to tell waiting from a slow machine.
+        let (gather_for, within) = (Duration::from_secs(4), Duration::from_secs(1));
+        store.claim_stream.set_waits(gather_for, within);
+        for s in 0..4 {
+            let uid = format!("c{s}");
+            store.upsert_subscription(sub(&uid)).await.unwrap();
+            store
+                .publish(event(&format!("c-{s}")), vec![uid])
+                .await
+                .unwrap();
+        }
+        let claim = |uid: &'static str| {
+            let store = store.clone();
+            tokio::spawn(async move { store.claim_next(uid, i64::MAX).await.unwrap() })
+        };
+        let promptly = |claiming: tokio::task::JoinHandle<Claim>, what: &'static str| async move {
+            match tokio::time::timeout(gather_for / 2, claiming).await {
+                Ok(Ok(Claim::Claimed(_))) => {}
+                Ok(other) => panic!("{what}: {other:?}"),
+                Err(_) => panic!("{what} waited for claims that were not coming"),
+            }
+        };
+        promptly(claim("c0"), "the first claim").await;
+        // Close after it: taken, and held for more.
+        let second = claim("c1");
+        until("the second claim handed over", || {
+            store.claims.sent() == 2 && store.claims.queued() == 0
+        })
+        .await;
+        assert_eq!(store.claims.writing(), 0, "written without waiting");
+        let third = claim("c2");
+        for claiming in [second, third] {
+            assert!(matches!(claiming.await.unwrap(), Claim::Claimed(_)));
+        }
+        let mut conn = raw(&server.url).await;
+        let statements: i64 = query_scalar(
+            "SELECT count(DISTINCT xmin::text) FROM deliveries WHERE sub_uid IN ('c1', 'c2')",
+        )
+        .fetch_one(&mut conn)
+        .await
+        .unwrap();
+        assert_eq!(statements, 1, "the two claims took {statements} statements");
+        // A quiet moment (the thing under test, not a wait for something to happen).
+        tokio::time::sleep(within + Duration::from_millis(200)).await;
+        promptly(claim("c3"), "a claim after a quiet moment").await;
         store.close().await;
     }
 

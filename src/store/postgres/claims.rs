@@ -6,8 +6,11 @@
 //! event with three replicas, each a statement of its own). Here concurrent claims are
 //! joined as records are ([`super::completions`]): a few claimers each take what is queued
 //! and claim it in one statement, each claim under its own fence, answering each once the
-//! statement returns ([`Joined`]). A lone claim waits for nothing. A statement claims at
-//! most once per subscription (a lane's claims follow its order).
+//! statement returns ([`Joined`]). A claim after a quiet moment waits for nothing; one in a
+//! stream of claims waits up to 2 ms for more ([`super::claim_stream`]: with three
+//! replicas, 4.6 claims a statement against 2.8, and 0.11 claim statements an event
+//! against 0.21). A statement claims at most once per subscription (a lane's claims follow
+//! its order).
 
 use futures::future::BoxFuture;
 use sqlx_core::executor::Executor;

@@ -21,12 +21,13 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use futures::future::BoxFuture;
 use sqlx_postgres::PgPool;
 use tokio::sync::{Mutex, Notify, mpsc, oneshot};
 
+use super::claim_stream::ClaimStream;
 use super::on_wire::OnWire;
 use super::{Error, OP_TIMEOUT, Result, classify};
 
@@ -38,15 +39,27 @@ pub(super) const OVERLAP_AFTER: Duration = if cfg!(test) {
     Duration::from_millis(10)
 };
 
-/// Gathering (the records' writers only): a writer that finds fewer requests than this
-/// waits a moment for more (2 ms at most) while an attempt claimed moments ago (within
-/// 10 ms) is still unrecorded ([`OnWire`]). Without it a replica that sees a third of the
+/// Gathering: a writer that finds fewer requests than this waits a moment for more, when
+/// more are likely to come ([`Gathering`]). Without it a replica that sees a third of the
 /// events (three on one server) wrote a third as many records a statement (2.8 against
 /// 9.4), and paid the server's fixed cost of a statement (the record's executor start-up
-/// alone is about 0.07 ms) three times as often. A lane alone on the wire never waits, nor
-/// do lanes whose receivers take longer than those 10 ms: no receiver holds other lanes'
-/// records back for more than 2 ms, and only while its attempt is that young.
+/// alone is about 0.07 ms) three times as often; its claims went 2.8 a statement.
 pub(super) const GATHER_UP_TO: usize = 16;
+
+/// When a writer with a small batch waits for more (see [`GATHER_UP_TO`]).
+pub(super) enum Gathering {
+    /// The records: for up to [`OnWire::gather_for`] (2 ms), while an attempt claimed
+    /// moments ago (within 10 ms) is still unrecorded. A lane alone on the wire never
+    /// waits, nor do lanes whose receivers take longer than those 10 ms: no receiver holds
+    /// other lanes' records back for more than 2 ms, and only while its attempt is that
+    /// young.
+    AttemptsOnWire(Arc<OnWire>),
+    /// The claims: for up to [`ClaimStream::gather_for`] (2 ms), when the batch's first
+    /// claim came within 10 ms of the one taken before it. A claim after a quiet moment
+    /// waits for nothing; in a stream a claim waits 2 ms at most, which delays its
+    /// delivery's first attempt by as much.
+    ClaimStream(Arc<ClaimStream>),
+}
 
 /// One kind of writer's statements being written, and a signal each time one returns.
 #[derive(Default)]
@@ -122,6 +135,8 @@ const QUEUE: usize = 4096;
 struct Queued<S: Statement> {
     request: S::Request,
     answer: oneshot::Sender<Result<S::Answer>>,
+    /// When it was asked for.
+    asked: Instant,
 }
 
 /// The queue of one kind of joined statement; its writers stop once it is dropped.
@@ -136,14 +151,15 @@ pub(super) struct Joined<S: Statement> {
 
 impl<S: Statement> Joined<S> {
     /// Starts `writers` writers, writing batches through `batches` (whose connections wait
-    /// for a row lock briefly) and requests on their own through `alone`; with `on_wire`,
-    /// gathering small batches (see [`GATHER_UP_TO`]).
+    /// for a row lock briefly) and requests on their own through `alone`, gathering small
+    /// batches as `gathering` says.
     pub(super) fn start(
         writers: usize,
         batches: PgPool,
         alone: PgPool,
-        on_wire: Option<Arc<OnWire>>,
+        gathering: Gathering,
     ) -> Self {
+        let gathering = Arc::new(gathering);
         let (queue, queued) = mpsc::channel(QUEUE);
         let queued = Arc::new(Mutex::new(queued));
         let writing = Arc::new(Writing::default());
@@ -153,7 +169,7 @@ impl<S: Statement> Joined<S> {
                 alone.clone(),
                 queued.clone(),
                 writing.clone(),
-                on_wire.clone(),
+                gathering.clone(),
             ));
         }
         Self {
@@ -188,7 +204,11 @@ impl<S: Statement> Joined<S> {
         let (answer, answered) = oneshot::channel();
         let waited = tokio::time::timeout(OP_TIMEOUT, async {
             self.queue
-                .send(Queued { request, answer })
+                .send(Queued {
+                    request,
+                    answer,
+                    asked: Instant::now(),
+                })
                 .await
                 .map_err(|_| Error::Unavailable("the PostgreSQL store is closed".into()))?;
             #[cfg(test)]
@@ -207,7 +227,7 @@ async fn writer<S: Statement>(
     alone: PgPool,
     queued: Arc<Mutex<mpsc::Receiver<Queued<S>>>>,
     writing: Arc<Writing>,
-    on_wire: Option<Arc<OnWire>>,
+    gathering: Arc<Gathering>,
 ) {
     // Requests a statement left for the next one.
     let mut carried: Vec<Queued<S>> = Vec::new();
@@ -222,8 +242,19 @@ async fn writer<S: Statement>(
             // Holding the queue, so that what comes meanwhile joins this batch.
             writing.wait_for_none(OVERLAP_AFTER).await;
             take_queued(&mut queued, &mut batch);
-            if let Some(on_wire) = &on_wire {
-                gather(&mut queued, &mut batch, on_wire).await;
+            match &*gathering {
+                Gathering::AttemptsOnWire(on_wire) => {
+                    gather(&mut queued, &mut batch, on_wire.gather_for(), || {
+                        on_wire.any_recent()
+                    })
+                    .await
+                }
+                Gathering::ClaimStream(stream) => {
+                    if stream.follows_closely(batch[0].asked) {
+                        gather(&mut queued, &mut batch, stream.gather_for(), || true).await;
+                    }
+                    stream.took(batch[batch.len() - 1].asked);
+                }
             }
         } else if let Ok(mut queued) = queued.try_lock() {
             // Never waits for the queue: another writer may hold it while waiting for a
@@ -245,15 +276,16 @@ fn take_queued<S: Statement>(queued: &mut mpsc::Receiver<Queued<S>>, batch: &mut
     }
 }
 
-/// Waits for more requests while the batch is small and an attempt claimed moments ago may
-/// still record (see [`GATHER_UP_TO`]).
+/// Waits up to `at_most` for more requests while the batch is small and `more_may_come`
+/// (see [`GATHER_UP_TO`]).
 async fn gather<S: Statement>(
     queued: &mut mpsc::Receiver<Queued<S>>,
     batch: &mut Vec<Queued<S>>,
-    on_wire: &OnWire,
+    at_most: Duration,
+    more_may_come: impl Fn() -> bool,
 ) {
-    let deadline = tokio::time::Instant::now() + on_wire.gather_for();
-    while batch.len() < GATHER_UP_TO.min(S::MAX_BATCH) && on_wire.any_recent() {
+    let deadline = tokio::time::Instant::now() + at_most;
+    while batch.len() < GATHER_UP_TO.min(S::MAX_BATCH) && more_may_come() {
         match tokio::time::timeout_at(deadline, queued.recv()).await {
             Ok(Some(next)) => batch.push(next),
             _ => return,
