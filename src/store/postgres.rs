@@ -77,11 +77,11 @@ use sqlx_postgres::{PgConnectOptions, PgConnection, PgPool, PgPoolOptions, PgRow
 
 use super::*;
 
-mod claim_stream;
 mod claims;
 mod completions;
 mod group_commit;
 mod on_wire;
+mod stream;
 mod writing;
 
 /// The schema, one migration a file: (version, description, SQL). Never edit one that has
@@ -152,7 +152,7 @@ pub struct PostgresStore {
     /// When the claims last came, which tells the claimers whether to wait briefly to fill
     /// a small batch (here for a test to set how long).
     #[cfg(test)]
-    claim_stream: std::sync::Arc<claim_stream::ClaimStream>,
+    claim_stream: std::sync::Arc<stream::Stream>,
 }
 
 /// The migrations, for sqlx's migrator.
@@ -395,7 +395,7 @@ impl PostgresStore {
             .acquire_timeout(ACQUIRE_TIMEOUT)
             .connect_lazy_with(options);
         let on_wire = std::sync::Arc::new(on_wire::OnWire::default());
-        let claim_stream = std::sync::Arc::new(claim_stream::ClaimStream::default());
+        let claim_stream = std::sync::Arc::new(stream::Stream::new(claims::GATHER_FOR));
         Ok(Self {
             publishes: group_commit::GroupCommit::start(committers.clone(), synced.clone()),
             committers,
@@ -410,7 +410,7 @@ impl PostgresStore {
                 claims::CLAIMERS,
                 claimers.clone(),
                 relaxed.clone(),
-                writing::Gathering::ClaimStream(claim_stream.clone()),
+                writing::Gathering::InStream(claim_stream.clone()),
             ),
             claimers,
             on_wire,
@@ -2634,17 +2634,60 @@ mod tests {
         store.close().await;
     }
 
-    /// A claim in a stream (close after the last one) waits briefly for more and they go in
-    /// one statement; a claim after a quiet moment waits for nothing.
+    /// Requests of one kind in a stream (close after the last one) wait briefly for more and
+    /// are written together; one after a quiet moment waits for nothing. `ask(n)` spawns
+    /// the n-th request (0 to 3), `queue` reads how many were sent, are queued and are being
+    /// written, `check` asserts an answer, and `statements` counts the statements that wrote
+    /// requests 1 and 2.
+    async fn stream_waits_for_more_and_after_quiet_for_none<T: std::fmt::Debug + Send + 'static>(
+        stream: &stream::Stream,
+        ask: impl Fn(usize) -> tokio::task::JoinHandle<T>,
+        queue: impl Fn() -> (usize, usize, usize),
+        check: impl Fn(T, &str),
+        statements: impl AsyncFn() -> i64,
+    ) {
+        // Waits long enough to tell waiting from a slow machine.
+        let (gather_for, within) = (Duration::from_secs(4), Duration::from_secs(1));
+        stream.set_waits(gather_for, within);
+        let promptly =
+            async |asking: tokio::task::JoinHandle<T>, what: &str| match tokio::time::timeout(
+                gather_for / 2,
+                asking,
+            )
+            .await
+            {
+                Ok(answer) => check(answer.unwrap(), what),
+                Err(_) => panic!("{what} waited for requests that were not coming"),
+            };
+        promptly(ask(0), "the first request").await;
+        // Close after it: taken, and held for more.
+        let second = ask(1);
+        until("the second request handed over", || {
+            let (sent, queued, _) = queue();
+            sent == 2 && queued == 0
+        })
+        .await;
+        assert_eq!(queue().2, 0, "written without waiting");
+        let third = ask(2);
+        for asking in [second, third] {
+            check(asking.await.unwrap(), "a request in the stream");
+        }
+        let statements = statements().await;
+        assert_eq!(
+            statements, 1,
+            "the two requests took {statements} statements"
+        );
+        // A quiet moment (the thing under test, not a wait for something to happen).
+        tokio::time::sleep(within + Duration::from_millis(200)).await;
+        promptly(ask(3), "a request after a quiet moment").await;
+    }
+
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
     async fn claims_in_a_stream_wait_for_more_and_after_quiet_for_none() {
         let Some(server) = Postgres::start() else {
             return;
         };
         let store = Arc::new(connect(&server).await);
-        // Waits long enough to tell waiting from a slow machine.
-        let (gather_for, within) = (Duration::from_secs(4), Duration::from_secs(1));
-        store.claim_stream.set_waits(gather_for, within);
         for s in 0..4 {
             let uid = format!("c{s}");
             store.upsert_subscription(sub(&uid)).await.unwrap();
@@ -2653,40 +2696,67 @@ mod tests {
                 .await
                 .unwrap();
         }
-        let claim = |uid: &'static str| {
-            let store = store.clone();
-            tokio::spawn(async move { store.claim_next(uid, i64::MAX).await.unwrap() })
-        };
-        let promptly = |claiming: tokio::task::JoinHandle<Claim>, what: &'static str| async move {
-            match tokio::time::timeout(gather_for / 2, claiming).await {
-                Ok(Ok(Claim::Claimed(_))) => {}
-                Ok(other) => panic!("{what}: {other:?}"),
-                Err(_) => panic!("{what} waited for claims that were not coming"),
-            }
-        };
-        promptly(claim("c0"), "the first claim").await;
-        // Close after it: taken, and held for more.
-        let second = claim("c1");
-        until("the second claim handed over", || {
-            store.claims.sent() == 2 && store.claims.queued() == 0
-        })
-        .await;
-        assert_eq!(store.claims.writing(), 0, "written without waiting");
-        let third = claim("c2");
-        for claiming in [second, third] {
-            assert!(matches!(claiming.await.unwrap(), Claim::Claimed(_)));
-        }
-        let mut conn = raw(&server.url).await;
-        let statements: i64 = query_scalar(
-            "SELECT count(DISTINCT xmin::text) FROM deliveries WHERE sub_uid IN ('c1', 'c2')",
+        stream_waits_for_more_and_after_quiet_for_none(
+            &store.claim_stream,
+            |n| {
+                let store = store.clone();
+                tokio::spawn(async move { store.claim_next(&format!("c{n}"), i64::MAX).await })
+            },
+            || {
+                let claims = &store.claims;
+                (claims.sent(), claims.queued(), claims.writing())
+            },
+            |claim, what| assert!(matches!(claim, Ok(Claim::Claimed(_))), "{what}: {claim:?}"),
+            async || {
+                query_scalar(
+                    "SELECT count(DISTINCT xmin::text) FROM deliveries
+                     WHERE sub_uid IN ('c1', 'c2')",
+                )
+                .fetch_one(&mut raw(&server.url).await)
+                .await
+                .unwrap()
+            },
         )
-        .fetch_one(&mut conn)
-        .await
-        .unwrap();
-        assert_eq!(statements, 1, "the two claims took {statements} statements");
-        // A quiet moment (the thing under test, not a wait for something to happen).
-        tokio::time::sleep(within + Duration::from_millis(200)).await;
-        promptly(claim("c3"), "a claim after a quiet moment").await;
+        .await;
+        store.close().await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn publishes_in_a_stream_wait_for_more_and_after_quiet_for_none() {
+        let Some(server) = Postgres::start() else {
+            return;
+        };
+        let store = Arc::new(connect(&server).await);
+        store.upsert_subscription(sub("p")).await.unwrap();
+        stream_waits_for_more_and_after_quiet_for_none(
+            store.publishes.stream(),
+            |n| {
+                let store = store.clone();
+                tokio::spawn(async move {
+                    store
+                        .publish(event(&format!("p-{n}")), vec!["p".into()])
+                        .await
+                })
+            },
+            || {
+                let publishes = &store.publishes;
+                (publishes.sent(), publishes.queued(), publishes.writing())
+            },
+            |published, what| match published {
+                Ok(published) => assert_eq!(published.matched, 1, "{what}"),
+                Err(e) => panic!("{what}: {e}"),
+            },
+            async || {
+                query_scalar(
+                    "SELECT count(DISTINCT xmin::text) FROM events
+                     WHERE event_id IN ('p-1', 'p-2')",
+                )
+                .fetch_one(&mut raw(&server.url).await)
+                .await
+                .unwrap()
+            },
+        )
+        .await;
         store.close().await;
     }
 

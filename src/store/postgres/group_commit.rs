@@ -10,6 +10,7 @@
 //! with one NOTIFY, and answer each once that commit returns. A lone publish waits for
 //! nothing: a committer that is free takes it at once. While a commit goes well the next
 //! committer waits for it ([`super::writing`]), so what is queued meanwhile joins one batch.
+//! A small batch in a stream of publishes waits up to 1 ms for more ([`GATHER_FOR`]).
 //!
 //! One publish's failure never fails the others joined with it: a batch the server refuses
 //! (or that waited too long for a row lock) is written again one publish at a time, each
@@ -18,6 +19,7 @@
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use sqlx_core::query::query;
 use sqlx_core::query_scalar::query_scalar;
@@ -25,7 +27,8 @@ use sqlx_core::row::Row;
 use sqlx_postgres::{PgConnection, PgPool};
 use tokio::sync::{Mutex, mpsc, oneshot};
 
-use super::writing::{OVERLAP_AFTER, Writing};
+use super::stream::Stream;
+use super::writing::{GATHER_UP_TO, OVERLAP_AFTER, Writing};
 use super::{
     Claimed, Error, NewEvent, OP_TIMEOUT, PublishResult, Result, ShardFence, classify,
     first_answer, is_unavailable, shard_number,
@@ -34,6 +37,13 @@ use super::{
 /// Committers working at once. Their commits queue behind the notify lock in any case;
 /// more than one lets a batch be written while the one before it is being flushed.
 pub(super) const COMMITTERS: usize = 3;
+/// How long a small batch (fewer than [`GATHER_UP_TO`]) waits for more at most, when its
+/// first publish came within 10 ms of the last one taken ([`Stream`]). With three replicas
+/// on one server a replica's commits carried 5.6 publishes against one replica's 14; the
+/// wait made the server's CPU an event 10% less (219, 215, 213 → 194, 194, 194 µs in three
+/// runs each way, the publish's answer 7.2–7.5 ms on average either way). A publish after
+/// a quiet moment waits for nothing.
+const GATHER_FOR: Duration = Duration::from_millis(1);
 /// Publishes in one transaction at most, and their bodies' bytes.
 const MAX_BATCH: usize = 256;
 const MAX_BATCH_BYTES: usize = 8 << 20;
@@ -197,6 +207,8 @@ struct Queued {
     /// The shards the publishing replica holds, whose lanes it wakes itself: no notice.
     held: Vec<ShardFence>,
     answer: oneshot::Sender<Result<Published>>,
+    /// When it was asked for.
+    asked: Instant,
 }
 
 /// A publish's answer and the deliveries it claimed.
@@ -210,6 +222,8 @@ pub(super) struct GroupCommit {
     /// Publishes handed to the committers so far.
     #[cfg(test)]
     sent: std::sync::atomic::AtomicUsize,
+    #[cfg(test)]
+    stream: Arc<Stream>,
 }
 
 impl GroupCommit {
@@ -221,6 +235,7 @@ impl GroupCommit {
         let queued = Arc::new(Mutex::new(queued));
         let writing = Arc::new(Writing::default());
         let answered = Arc::new(Answered::default());
+        let stream = Arc::new(Stream::new(GATHER_FOR));
         for _ in 0..COMMITTERS {
             tokio::spawn(committer(
                 batches.clone(),
@@ -228,6 +243,7 @@ impl GroupCommit {
                 queued.clone(),
                 writing.clone(),
                 answered.clone(),
+                stream.clone(),
             ));
         }
         Self {
@@ -236,7 +252,16 @@ impl GroupCommit {
             writing,
             #[cfg(test)]
             sent: Default::default(),
+            #[cfg(test)]
+            stream,
         }
+    }
+
+    /// When publishes last came, which tells the committers whether to wait briefly to fill
+    /// a small batch (here for a test to set how long).
+    #[cfg(test)]
+    pub(super) fn stream(&self) -> &Stream {
+        &self.stream
     }
 
     /// Publishes handed to the committers so far.
@@ -273,6 +298,7 @@ impl GroupCommit {
             claims,
             held,
             answer,
+            asked: Instant::now(),
         };
         let waited = tokio::time::timeout(OP_TIMEOUT, async {
             self.queue
@@ -301,6 +327,7 @@ async fn committer(
     queued: Arc<Mutex<mpsc::Receiver<Queued>>>,
     writing: Arc<Writing>,
     answered: Arc<Answered>,
+    stream: Arc<Stream>,
 ) {
     loop {
         let batch = {
@@ -321,6 +348,19 @@ async fn committer(
                     Err(_) => break,
                 }
             }
+            if stream.follows_closely(batch[0].asked) {
+                let deadline = tokio::time::Instant::now() + stream.gather_for();
+                while batch.len() < GATHER_UP_TO && bytes < MAX_BATCH_BYTES {
+                    match tokio::time::timeout_at(deadline, queued.recv()).await {
+                        Ok(Some(next)) => {
+                            bytes += next.event.body.len();
+                            batch.push(next);
+                        }
+                        _ => break,
+                    }
+                }
+            }
+            stream.took(batch[batch.len() - 1].asked);
             batch
         };
         let _writing = writing.start();
@@ -429,6 +469,7 @@ pub(super) async fn publish_batch(
             held: Vec::new(),
             // Answered by the return value instead.
             answer: oneshot::channel().0,
+            asked: Instant::now(),
         })
         .collect();
     let refs: Vec<&Queued> = items.iter().collect();
@@ -832,6 +873,7 @@ pub(super) async fn write_keyed(
         claims,
         held: Vec::new(),
         answer: oneshot::channel().0,
+        asked: Instant::now(),
     };
     let mut conn = pool.acquire().await?;
     Ok(write(&mut conn, &[&item], batch, &[]).await?.remove(0))

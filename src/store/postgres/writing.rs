@@ -27,8 +27,8 @@ use futures::future::BoxFuture;
 use sqlx_postgres::PgPool;
 use tokio::sync::{Mutex, Notify, mpsc, oneshot};
 
-use super::claim_stream::ClaimStream;
 use super::on_wire::OnWire;
+use super::stream::Stream;
 use super::{Error, OP_TIMEOUT, Result, classify};
 
 /// How long a writer with work waits for the statement before it to return before writing
@@ -39,8 +39,8 @@ pub(super) const OVERLAP_AFTER: Duration = if cfg!(test) {
     Duration::from_millis(10)
 };
 
-/// Gathering: a writer that finds fewer requests than this waits a moment for more, when
-/// more are likely to come ([`Gathering`]). Without it a replica that sees a third of the
+/// Gathering: a writer (or a publish committer, [`super::group_commit`]) that finds fewer
+/// requests than this waits a moment for more, when more are likely to come ([`Gathering`]). Without it a replica that sees a third of the
 /// events (three on one server) wrote a third as many records a statement (2.8 against
 /// 9.4), and paid the server's fixed cost of a statement (the record's executor start-up
 /// alone is about 0.07 ms) three times as often; its claims went 2.8 a statement.
@@ -54,11 +54,11 @@ pub(super) enum Gathering {
     /// other lanes' records back for more than 2 ms, and only while its attempt is that
     /// young.
     AttemptsOnWire(Arc<OnWire>),
-    /// The claims: for up to [`ClaimStream::gather_for`] (2 ms), when the batch's first
-    /// claim came within 10 ms of the one taken before it. A claim after a quiet moment
-    /// waits for nothing; in a stream a claim waits 2 ms at most, which delays its
-    /// delivery's first attempt by as much.
-    ClaimStream(Arc<ClaimStream>),
+    /// The claims: for up to [`Stream::gather_for`] (2 ms), when the batch's first claim
+    /// came within 10 ms of the one taken before it. A claim after a quiet moment waits
+    /// for nothing; in a stream a claim waits 2 ms at most, which delays its delivery's
+    /// first attempt by as much.
+    InStream(Arc<Stream>),
 }
 
 /// One kind of writer's statements being written, and a signal each time one returns.
@@ -249,7 +249,7 @@ async fn writer<S: Statement>(
                     })
                     .await
                 }
-                Gathering::ClaimStream(stream) => {
+                Gathering::InStream(stream) => {
                     if stream.follows_closely(batch[0].asked) {
                         gather(&mut queued, &mut batch, stream.gather_for(), || true).await;
                     }
