@@ -40,10 +40,11 @@ pub(super) const OVERLAP_AFTER: Duration = if cfg!(test) {
 };
 
 /// Gathering: a writer (or a publish committer, [`super::group_commit`]) that finds fewer
-/// requests than this waits a moment for more, when more are likely to come ([`Gathering`]). Without it a replica that sees a third of the
-/// events (three on one server) wrote a third as many records a statement (2.8 against
-/// 9.4), and paid the server's fixed cost of a statement (the record's executor start-up
-/// alone is about 0.07 ms) three times as often; its claims went 2.8 a statement.
+/// requests than this waits a moment for more, when more are likely to come
+/// ([`Gathering`]). Without it a replica that sees a third of the events (three on one
+/// server) wrote a third as many records a statement (2.8 against 9.4), and paid the
+/// server's fixed cost of a statement (the record's executor start-up alone is about
+/// 0.07 ms) three times as often; its claims went 2.8 a statement.
 pub(super) const GATHER_UP_TO: usize = 16;
 
 /// When a writer with a small batch waits for more (see [`GATHER_UP_TO`]).
