@@ -2637,14 +2637,14 @@ mod tests {
     /// Requests of one kind in a stream (close after the last one) wait briefly for more and
     /// are written together; one after a quiet moment waits for nothing. `ask(n)` spawns
     /// the n-th request (0 to 3), `queue` reads how many were sent, are queued and are being
-    /// written, `check` asserts an answer, and `statements` counts the statements that wrote
-    /// requests 1 and 2.
+    /// written, `check` asserts an answer, and `statements` (run on the server at `url`)
+    /// counts the statements that wrote requests 1 and 2.
     async fn stream_waits_for_more_and_after_quiet_for_none<T: std::fmt::Debug + Send + 'static>(
         stream: &stream::Stream,
         ask: impl Fn(usize) -> tokio::task::JoinHandle<T>,
         queue: impl Fn() -> (usize, usize, usize),
         check: impl Fn(T, &str),
-        statements: impl AsyncFn() -> i64,
+        (url, statements): (&str, &str),
     ) {
         // Waits long enough to tell waiting from a slow machine.
         let (gather_for, within) = (Duration::from_secs(4), Duration::from_secs(1));
@@ -2672,7 +2672,10 @@ mod tests {
         for asking in [second, third] {
             check(asking.await.unwrap(), "a request in the stream");
         }
-        let statements = statements().await;
+        let statements: i64 = query_scalar(statements)
+            .fetch_one(&mut raw(url).await)
+            .await
+            .unwrap();
         assert_eq!(
             statements, 1,
             "the two requests took {statements} statements"
@@ -2707,15 +2710,10 @@ mod tests {
                 (claims.sent(), claims.queued(), claims.writing())
             },
             |claim, what| assert!(matches!(claim, Ok(Claim::Claimed(_))), "{what}: {claim:?}"),
-            async || {
-                query_scalar(
-                    "SELECT count(DISTINCT xmin::text) FROM deliveries
-                     WHERE sub_uid IN ('c1', 'c2')",
-                )
-                .fetch_one(&mut raw(&server.url).await)
-                .await
-                .unwrap()
-            },
+            (
+                &server.url,
+                "SELECT count(DISTINCT xmin::text) FROM deliveries WHERE sub_uid IN ('c1', 'c2')",
+            ),
         )
         .await;
         store.close().await;
@@ -2746,15 +2744,10 @@ mod tests {
                 Ok(published) => assert_eq!(published.matched, 1, "{what}"),
                 Err(e) => panic!("{what}: {e}"),
             },
-            async || {
-                query_scalar(
-                    "SELECT count(DISTINCT xmin::text) FROM events
-                     WHERE event_id IN ('p-1', 'p-2')",
-                )
-                .fetch_one(&mut raw(&server.url).await)
-                .await
-                .unwrap()
-            },
+            (
+                &server.url,
+                "SELECT count(DISTINCT xmin::text) FROM events WHERE event_id IN ('p-1', 'p-2')",
+            ),
         )
         .await;
         store.close().await;
