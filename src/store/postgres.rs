@@ -2634,8 +2634,9 @@ mod tests {
         store.close().await;
     }
 
-    /// Requests of one kind in a stream (close after the last one) wait briefly for more and
-    /// are written together; one after a quiet moment waits for nothing. `ask(n)` spawns
+    /// Requests of one kind in a stream (at a rate that brings one more within the wait)
+    /// wait briefly for more and are written together; one after a quiet moment, or the
+    /// first, waits for nothing. `ask(n)` spawns
     /// the n-th request (0 to 3), `queue` reads how many were sent, are queued and are being
     /// written, `check` asserts an answer, and `statements` (run on the server at `url`)
     /// counts the statements that wrote requests 1 and 2.
@@ -2646,9 +2647,10 @@ mod tests {
         check: impl Fn(T, &str),
         (url, statements): (&str, &str),
     ) {
-        // Waits long enough to tell waiting from a slow machine.
-        let (gather_for, within) = (Duration::from_secs(4), Duration::from_secs(1));
-        stream.set_waits(gather_for, within);
+        // Waits long enough to tell waiting from a slow machine; the rate remembers a
+        // request for about a second (so one within a second brings another within 4 s).
+        let (gather_for, memory) = (Duration::from_secs(4), Duration::from_secs(1));
+        stream.set_waits(gather_for, memory);
         let promptly =
             async |asking: tokio::task::JoinHandle<T>, what: &str| match tokio::time::timeout(
                 gather_for / 2,
@@ -2660,7 +2662,7 @@ mod tests {
                 Err(_) => panic!("{what} waited for requests that were not coming"),
             };
         promptly(ask(0), "the first request").await;
-        // Close after it: taken, and held for more.
+        // Right after it: taken, and held for more.
         let second = ask(1);
         until("the second request handed over", || {
             let (sent, queued, _) = queue();
@@ -2680,8 +2682,10 @@ mod tests {
             statements, 1,
             "the two requests took {statements} statements"
         );
-        // A quiet moment (the thing under test, not a wait for something to happen).
-        tokio::time::sleep(within + Duration::from_millis(200)).await;
+        // A quiet moment (the thing under test, not a wait for something to happen): the
+        // three requests' rate, about 3 a second, keeps e^-4 of itself, 0.05 a second: 0.2
+        // of a request within the wait, less than a wait must expect.
+        tokio::time::sleep(memory * 4).await;
         promptly(ask(3), "a request after a quiet moment").await;
     }
 

@@ -6,9 +6,9 @@
 //! event with three replicas, each a statement of its own). Here concurrent claims are
 //! joined as records are ([`super::completions`]): a few claimers each take what is queued
 //! and claim it in one statement, each claim under its own fence, answering each once the
-//! statement returns ([`Joined`]). A claim after a quiet moment waits for nothing; one in a
-//! stream of claims waits up to 2 ms for more ([`super::stream`]: with three
-//! replicas, 4.6 claims a statement against 2.8, and 0.11 claim statements an event
+//! statement returns ([`Joined`]). A claim after a quiet moment, or at a moderate pace,
+//! waits for nothing; under load one waits up to 2 ms for more ([`super::stream`]: with
+//! three replicas, 4.6 claims a statement against 2.8, and 0.11 claim statements an event
 //! against 0.21). A statement claims at most once per subscription (a lane's claims follow
 //! its order).
 
@@ -23,7 +23,7 @@ use super::{Claim, Claimed, Error, OP_TIMEOUT, ShardFence, shard_number};
 
 /// Claimers working at once.
 pub(super) const CLAIMERS: usize = 2;
-/// How long a small batch of claims in a stream waits for more at most.
+/// How long a small batch of claims under load waits for more at most.
 pub(super) const GATHER_FOR: std::time::Duration = std::time::Duration::from_millis(2);
 /// How long a claimer's statement waits for a row lock before its claims go one at a time
 /// (set on the claimers' connections).

@@ -10,7 +10,7 @@
 //! with one NOTIFY, and answer each once that commit returns. A lone publish waits for
 //! nothing: a committer that is free takes it at once. While a commit goes well the next
 //! committer waits for it ([`super::writing`]), so what is queued meanwhile joins one batch.
-//! A small batch in a stream of publishes waits up to 1 ms for more ([`GATHER_FOR`]).
+//! A small batch of publishes under load waits up to 1 ms for more ([`GATHER_FOR`]).
 //!
 //! One publish's failure never fails the others joined with it: a batch the server refuses
 //! (or that waited too long for a row lock) is written again one publish at a time, each
@@ -37,12 +37,12 @@ use super::{
 /// Committers working at once. Their commits queue behind the notify lock in any case;
 /// more than one lets a batch be written while the one before it is being flushed.
 pub(super) const COMMITTERS: usize = 3;
-/// How long a small batch (fewer than [`GATHER_UP_TO`]) waits for more at most, when its
-/// first publish came within 10 ms of the last one taken ([`Stream`]). With three replicas
-/// on one server a replica's commits carried 5.6 publishes against one replica's 14; the
-/// wait made the server's CPU an event 10% less (219, 215, 213 → 194, 194, 194 µs in three
-/// runs each way, the publish's answer 7.2–7.5 ms on average either way). A publish after
-/// a quiet moment waits for nothing.
+/// How long a small batch (fewer than [`GATHER_UP_TO`]) waits for more at most, when the
+/// rate publishes come at makes another likely within the wait ([`Stream`]). With three
+/// replicas on one server a replica's commits carried 5.6 publishes against one replica's
+/// 14; the wait made the server's CPU an event 10% less (219, 215, 213 → 194, 194, 194 µs
+/// in three runs each way, the publish's answer 7.2–7.5 ms on average either way). A
+/// publish after a quiet moment, or at a moderate pace, waits for nothing.
 const GATHER_FOR: Duration = Duration::from_millis(1);
 /// Publishes in one transaction at most, and their bodies' bytes.
 const MAX_BATCH: usize = 256;
@@ -348,7 +348,7 @@ async fn committer(
                     Err(_) => break,
                 }
             }
-            if stream.follows_closely(batch[0].asked) {
+            if stream.more_expected(Instant::now(), batch.len()) {
                 let deadline = tokio::time::Instant::now() + stream.gather_for();
                 while batch.len() < GATHER_UP_TO && bytes < MAX_BATCH_BYTES {
                     match tokio::time::timeout_at(deadline, queued.recv()).await {
@@ -360,7 +360,7 @@ async fn committer(
                     }
                 }
             }
-            stream.took(batch[batch.len() - 1].asked);
+            stream.took(batch[batch.len() - 1].asked, batch.len());
             batch
         };
         let _writing = writing.start();

@@ -55,10 +55,10 @@ pub(super) enum Gathering {
     /// other lanes' records back for more than 2 ms, and only while its attempt is that
     /// young.
     AttemptsOnWire(Arc<OnWire>),
-    /// The claims: for up to [`Stream::gather_for`] (2 ms), when the batch's first claim
-    /// came within 10 ms of the one taken before it. A claim after a quiet moment waits
-    /// for nothing; in a stream a claim waits 2 ms at most, which delays its delivery's
-    /// first attempt by as much.
+    /// The claims: for up to [`Stream::gather_for`] (2 ms), when the rate claims come at
+    /// makes another likely within the wait. A claim after a quiet moment, or at a
+    /// moderate pace, waits for nothing; under load a claim waits 2 ms at most, which
+    /// delays its delivery's first attempt by as much.
     InStream(Arc<Stream>),
 }
 
@@ -251,10 +251,10 @@ async fn writer<S: Statement>(
                     .await
                 }
                 Gathering::InStream(stream) => {
-                    if stream.follows_closely(batch[0].asked) {
+                    if stream.more_expected(Instant::now(), batch.len()) {
                         gather(&mut queued, &mut batch, stream.gather_for(), || true).await;
                     }
-                    stream.took(batch[batch.len() - 1].asked);
+                    stream.took(batch[batch.len() - 1].asked, batch.len());
                 }
             }
         } else if let Ok(mut queued) = queued.try_lock() {
