@@ -6,26 +6,29 @@
 //!   (herald's processes and the PostgreSQL server's, from /proc), against one replica's;
 //! - per event on PostgreSQL: the server's CPU, herald's CPU, the statements herald ran
 //!   (pg_stat_statements) and the WAL written, and the ceiling per server core they project;
+//! - publish → arrival on PostgreSQL, one and three replicas, of events published one at a
+//!   time 2 ms apart (under way: the pace at which a batch no longer waits for more) and
+//!   20 ms apart (each after a quiet moment), three replicas against one;
 //! - herald's drain on PostgreSQL (events stored while every subscription is paused, then
 //!   delivered once unpaused), against River's own burn-down benchmark (`river bench`, a
 //!   job queue in Go nobody here wrote; scripts/river builds its CLI) on the same server.
 //!
 //! Needs the test control plane (`scripts/control-plane build`), PostgreSQL
 //! (`scripts/postgres`) and Go (for River). Run: `cargo bench --bench scale_out`
-//! (`HERALD_BENCH_MODE=quick`: 2,000 events a phase and 10,000 River jobs; full: 10,000
-//! and 50,000).
+//! (`HERALD_BENCH_MODE=quick`: 2,000 events a phase, 200 paced at each pace and 10,000
+//! River jobs; full: 10,000, 1,000 and 50,000).
 
 #[path = "../tests/support/mod.rs"]
 mod support;
 
 mod common;
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::{Report, Target, thousands};
+use common::{Report, Target, ms, percentile, thousands};
 use sqlx_core::connection::Connection;
 use sqlx_core::executor::Executor;
 use sqlx_postgres::PgConnection;
@@ -263,6 +266,71 @@ async fn end_to_end(
     }
 }
 
+/// Events a second of the paced latency measures: one every 2 ms, under way (with every
+/// request within 10 ms of the last one counted a stream, each batch waited 1 or 2 ms for
+/// more; the store's rule now expects too few at this pace to wait), and one every 20 ms,
+/// each after a quiet moment.
+const PACES: [(f64, &str); 2] = [(500.0, "2 ms apart"), (50.0, "20 ms apart")];
+
+/// Publish → arrival of `count` events (ids from `offset`) published at `rate` a second,
+/// one at a time, round robin over `replicas`: what a user's first attempt waits for at that
+/// pace. With several replicas most events reach one that does not hold their lane, and the
+/// holder claims them when told (NOTIFY).
+async fn latency_paced(
+    replicas: &[Operator],
+    receiver: &Receiver,
+    tokens: &HashMap<String, String>,
+    types: &[(String, String)],
+    rate: f64,
+    count: usize,
+    offset: usize,
+) -> Vec<Duration> {
+    let client = reqwest::Client::new();
+    let before = receiver.count();
+    let start = tokio::time::Instant::now() + Duration::from_millis(20);
+    let tasks: Vec<_> = (0..count)
+        .map(|i| {
+            let (ns, event_type) = types[i % types.len()].clone();
+            let base = replicas[i % replicas.len()].base.clone();
+            let (client, token) = (client.clone(), tokens[&ns].clone());
+            let at = start + Duration::from_secs_f64(i as f64 / rate);
+            tokio::spawn(async move {
+                tokio::time::sleep_until(at).await;
+                let id = format!("evt-{}", i + offset);
+                let body = serde_json::json!({"id": id, "type": event_type, "data": {"i": i}});
+                let sent = Instant::now();
+                let status = client
+                    .post(format!("{base}/v1/namespaces/{ns}/events"))
+                    .bearer_auth(&token)
+                    .json(&body)
+                    .timeout(Duration::from_secs(10))
+                    .send()
+                    .await
+                    .map(|r| r.status().as_u16());
+                assert!(matches!(status, Ok(202)), "publishing {id}: {status:?}");
+                (id, sent)
+            })
+        })
+        .collect();
+    let mut sent = Vec::with_capacity(count);
+    for task in tasks {
+        sent.push(task.await.unwrap());
+    }
+    let arrived: HashMap<String, Instant> = receiver
+        .wait_for("the paced deliveries", Duration::from_secs(120), |hits| {
+            (hits.len() >= before + count).then(|| {
+                hits[before..]
+                    .iter()
+                    .map(|h| (h.header("webhook-id").to_string(), h.at))
+                    .collect()
+            })
+        })
+        .await;
+    sent.iter()
+        .map(|(id, at)| arrived[id.as_str()] - *at)
+        .collect()
+}
+
 /// Sets `spec.paused` on every subscription and waits until herald says so in each one's
 /// Ready condition (its shard's holder has seen it).
 fn pause_all(cp: &ControlPlane, receiver: &Receiver, paused: bool) {
@@ -392,12 +460,16 @@ async fn main() {
     report.param("subscriptions", NAMESPACES * PER_NAMESPACE);
     report.param("producers", 32);
     report.param("river_jobs", jobs);
+    let paced_count = report.mode.pick(200, 1_000);
+    report.param("paced_events", paced_count);
     let Some((cp, pg, receiver, types)) = cluster(NAMESPACES, PER_NAMESPACE).await else {
         panic!("the scale-out benchmark needs the control plane and PostgreSQL");
     };
     let tokens = tokens(&cp, NAMESPACES);
     let mut offset = 0;
     let mut phases = Vec::new();
+    // Per PostgreSQL phase, per pace of PACES: publish → arrival of each paced event.
+    let mut paced: Vec<Vec<Vec<Duration>>> = Vec::new();
     for (label, shared, count) in [
         ("embedded store, 1 replica", false, 1),
         ("PostgreSQL, 1 replica", true, 1),
@@ -413,6 +485,25 @@ async fn main() {
             .await,
         );
         offset += events;
+        if shared {
+            let mut at_paces = Vec::new();
+            for (rate, _) in PACES {
+                at_paces.push(
+                    latency_paced(
+                        &replicas,
+                        &receiver,
+                        &tokens,
+                        types,
+                        rate,
+                        paced_count,
+                        offset,
+                    )
+                    .await,
+                );
+                offset += paced_count;
+            }
+            paced.push(at_paces);
+        }
         stop(&cp, replicas, shared).await;
     }
     let [embedded, one, three] = <[Phase; 3]>::try_from(phases).ok().expect("three phases");
@@ -491,6 +582,31 @@ async fn main() {
         )
         .reference("one replica", one.cpu_us())
         .target(Target::RatioAtMost(1.1));
+    let [mut paced_one, mut paced_three] =
+        <[Vec<Vec<Duration>>; 2]>::try_from(paced).expect("two PostgreSQL phases");
+    let paced_n = thousands(paced_count);
+    for (i, (rate, apart)) in PACES.iter().enumerate() {
+        for (q, p) in [("p50", 0.5), ("p99", 0.99)] {
+            let one_q = ms(percentile(&mut paced_one[i], p));
+            let key = format!("scale_out.latency_{}_per_s", *rate as u32);
+            report.add(
+                &format!("{key}.postgres_1.{q}"),
+                &format!(
+                    "publish → arrival on PostgreSQL, one replica, {paced_n} events {apart}, {q}"
+                ),
+                one_q,
+                "ms",
+            );
+            report
+                .add(
+                    &format!("{key}.postgres_3.{q}"),
+                    &format!("publish → arrival on PostgreSQL, three replicas (publishes round robin), {paced_n} events {apart}, {q}"),
+                    ms(percentile(&mut paced_three[i], p)),
+                    "ms",
+                )
+                .reference("one replica, same pace", one_q);
+        }
+    }
     for (replicas, p) in [("1", &one), ("3", &three)] {
         let s = p.server.as_ref().expect("PostgreSQL figures");
         let with = if replicas == "1" {
