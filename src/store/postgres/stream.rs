@@ -28,7 +28,7 @@ const MEMORY: Duration = Duration::from_millis(10);
 /// full load joined as many a statement as they did waiting whenever a request came within
 /// 10 ms of the last (0.38–0.41 statements an event against 0.40–0.41; 4,219–4,333
 /// events/s against 4,149–4,222), where at 1.0 they waited less (0.50–0.52 statements an
-/// event, 3,798–3,921 events/s); a publish every 2 ms waits for nothing either way (its
+/// event, 3,798–3,921 events/s); a publish every 2 ms waits for nothing at either (its
 /// rate brings about 0.45 of one within the 1 ms wait).
 const WORTH_WAITING: f64 = 0.6;
 
