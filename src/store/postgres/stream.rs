@@ -67,8 +67,9 @@ impl Stream {
     }
 
     /// Whether, at the rate requests come, another is likely within the wait from `now` on
-    /// ([`WORTH_WAITING`]), for a batch of `n` found queued (all but the first of them asked for
-    /// since the batch before: a lone request after a quiet moment tells no rate).
+    /// ([`WORTH_WAITING`]), for a batch of `n` found queued (all but the first of them
+    /// asked for since the batch before: a lone request after a quiet moment tells no
+    /// rate).
     pub(super) fn more_expected(&self, now: Instant, n: usize) -> bool {
         let (gather_for, memory) = self.waits();
         let taken = self.taken.lock().unwrap_or_else(|e| e.into_inner());
