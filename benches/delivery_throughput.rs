@@ -31,7 +31,6 @@ mod support;
 
 mod common;
 
-use std::collections::HashMap;
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
@@ -262,19 +261,14 @@ async fn latency_at_rate(
     for task in tasks {
         sent.push(task.await.unwrap());
     }
-    let arrived: HashMap<String, Instant> = receiver
-        .wait_for("the paced deliveries", Duration::from_secs(300), |hits| {
-            (hits.len() >= before + count).then(|| {
-                hits[before..]
-                    .iter()
-                    .map(|h| (h.header("webhook-id").to_string(), h.at))
-                    .collect()
-            })
-        })
-        .await;
-    sent.iter()
-        .map(|(id, at)| arrived[id.as_str()] - *at)
-        .collect()
+    receiver
+        .arrivals(
+            "the paced deliveries",
+            Duration::from_secs(300),
+            before,
+            &sent,
+        )
+        .await
 }
 
 /// The reference: a bare reqwest loop of `events` POSTs, CONCURRENCY at once, to the same

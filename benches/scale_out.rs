@@ -316,19 +316,14 @@ async fn latency_paced(
     for task in tasks {
         sent.push(task.await.unwrap());
     }
-    let arrived: HashMap<String, Instant> = receiver
-        .wait_for("the paced deliveries", Duration::from_secs(120), |hits| {
-            (hits.len() >= before + count).then(|| {
-                hits[before..]
-                    .iter()
-                    .map(|h| (h.header("webhook-id").to_string(), h.at))
-                    .collect()
-            })
-        })
-        .await;
-    sent.iter()
-        .map(|(id, at)| arrived[id.as_str()] - *at)
-        .collect()
+    receiver
+        .arrivals(
+            "the paced deliveries",
+            Duration::from_secs(120),
+            before,
+            &sent,
+        )
+        .await
 }
 
 /// Sets `spec.paused` on every subscription and waits until herald says so in each one's

@@ -176,6 +176,32 @@ impl Receiver {
             .await
     }
 
+    /// For each of `sent` (an event id and when its publish started), how long until it
+    /// arrived (by its `webhook-id`), once the `sent.len()` hits after the first `before`
+    /// have come, within `deadline`.
+    #[allow(dead_code)] // the benchmarks only
+    pub async fn arrivals(
+        &self,
+        what: &str,
+        deadline: Duration,
+        before: usize,
+        sent: &[(String, Instant)],
+    ) -> Vec<Duration> {
+        let arrived: HashMap<String, Instant> = self
+            .wait_for(what, deadline, |hits| {
+                (hits.len() >= before + sent.len()).then(|| {
+                    hits[before..]
+                        .iter()
+                        .map(|h| (h.header("webhook-id").to_string(), h.at))
+                        .collect()
+                })
+            })
+            .await;
+        sent.iter()
+            .map(|(id, at)| arrived[id.as_str()] - *at)
+            .collect()
+    }
+
     /// As [`Receiver::wait_until`], returning only what `found` picks out of the hits (for
     /// example one arrival time) instead of a copy of them all: what a benchmark that waits
     /// thousands of times among thousands of hits needs.
