@@ -150,9 +150,36 @@ fn backend(e: rusqlite::Error) -> Error {
     Error::Backend(e.to_string())
 }
 
+/// Turns off SQLite's memory statistics, once per process and before its first connection
+/// (SQLite takes its settings only before it initialises). With them on, every allocation
+/// SQLite makes takes a process-wide mutex to count it: 4.8% of the store writer's CPU in a
+/// profile of the end-to-end benchmark, 1.1% without. herald never reads those statistics.
+#[allow(unsafe_code)]
+fn configure_sqlite() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        // SAFETY: sqlite3_config with SQLITE_CONFIG_MEMSTATUS takes one int. Called before
+        // SQLite initialises, it changes a global setting; after, it only answers
+        // SQLITE_MISUSE (something in this process opened a database first), changing nothing.
+        let rc = unsafe {
+            rusqlite::ffi::sqlite3_config(
+                rusqlite::ffi::SQLITE_CONFIG_MEMSTATUS,
+                0 as std::ffi::c_int,
+            )
+        };
+        if rc != rusqlite::ffi::SQLITE_OK {
+            tracing::debug!(
+                rc,
+                "store: SQLite was initialised before herald configured it"
+            );
+        }
+    });
+}
+
 impl SqliteStore {
     /// Opens (creating if needed) `dir/herald.db`.
     pub fn open(dir: &Path) -> Result<Self> {
+        configure_sqlite();
         std::fs::create_dir_all(dir)
             .map_err(|e| Error::Unavailable(format!("creating {}: {e}", dir.display())))?;
         let path = dir.join("herald.db");
@@ -1338,6 +1365,21 @@ mod tests {
         let dir = temp_dir();
         let store = SqliteStore::open(&dir).unwrap();
         super::super::suite::run(&store).await;
+        drop(store);
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    /// SQLite counts no memory (see configure_sqlite): with its statistics on, an open
+    /// store's connections and page cache would show here. Every connection this test
+    /// binary opens is opened by or after `SqliteStore::open`, so the setting is in place.
+    #[tokio::test]
+    #[allow(unsafe_code)]
+    async fn sqlite_keeps_no_memory_statistics() {
+        let dir = temp_dir();
+        let store = SqliteStore::open(&dir).unwrap();
+        store.prune(0).await.unwrap();
+        // SAFETY: takes no argument and reads a global counter.
+        assert_eq!(unsafe { rusqlite::ffi::sqlite3_memory_used() }, 0);
         drop(store);
         let _ = std::fs::remove_dir_all(dir);
     }
