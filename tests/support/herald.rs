@@ -274,6 +274,25 @@ impl Herald {
         self.http = client;
     }
 
+    /// The sum of a metric's series whose labels contain `labels`, from /metrics (herald
+    /// started with `--metrics-listen`).
+    pub async fn metric(&self, name: &str, labels: &str) -> f64 {
+        let url = self
+            .metrics
+            .as_ref()
+            .expect("herald runs with --metrics-listen");
+        let text = self
+            .http
+            .get(format!("{url}/metrics"))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        super::metric_sum(&text, name, labels)
+    }
+
     /// The herald process's id, while it runs.
     pub fn pid(&self) -> Option<u32> {
         self.child.as_ref().map(Child::id)

@@ -11,6 +11,15 @@ pub mod receiver;
 pub mod scale_out;
 pub mod tls;
 
+/// The sum of metric `name`'s series whose labels contain `labels`, in a /metrics text.
+pub fn metric_sum(text: &str, name: &str, labels: &str) -> f64 {
+    text.lines()
+        .filter(|l| l.starts_with(name) && l[name.len()..].starts_with(['{', ' ']))
+        .filter(|l| l.contains(labels))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
 /// Sends signal `name` (STOP, CONT, ...) to process `pid`. `kill` returns once the signal
 /// is queued, while the process's threads stop one by one as each is next scheduled (on a
 /// loaded machine, milliseconds later, and an API server answers meanwhile): after STOP

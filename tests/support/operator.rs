@@ -166,11 +166,7 @@ impl Operator {
             .text()
             .await
             .unwrap();
-        text.lines()
-            .filter(|l| l.starts_with(name) && l[name.len()..].starts_with(['{', ' ']))
-            .filter(|l| l.contains(labels))
-            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-            .sum()
+        super::metric_sum(&text, name, labels)
     }
 
     /// A request to the ingest API with an optional bearer token; (status, JSON body).
