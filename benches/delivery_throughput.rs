@@ -12,6 +12,10 @@
 //! - the same end to end, and latency at idle, through a forwarder with no store (this
 //!   binary run as its own process; see [`Forwarder`]): the most any herald could reach in
 //!   this harness, and herald's rate against it;
+//! - where end to end waits: a publish's round trip (the producers over the rate), its
+//!   mean time in the store (herald's own `herald_store_operation_duration_seconds`), and
+//!   the rates the forwarder's round trip plus that time, or plus one back-to-back
+//!   `fdatasync` on the store's disk, would allow;
 //! - latency at idle: one event at a time, from the start of the publish request to its
 //!   arrival at the receiver (p50, p99), against one bare POST round trip;
 //! - latency spaced 20 ms apart (the disk rests between events, as between a quiet
@@ -231,6 +235,39 @@ async fn fsync_spaced(dir: &std::path::Path, samples: usize) -> Vec<Duration> {
     took
 }
 
+/// The least a durable publish waits for on this disk when syncs follow each other: the
+/// mean of `samples` writes of 512 bytes to a file in `dir`, each followed by `fdatasync`.
+async fn fsync_back_to_back(dir: &std::path::Path, samples: usize) -> Duration {
+    use std::io::Write;
+    let path = dir.join("fsync-probe-in-a-row");
+    let took = tokio::task::spawn_blocking(move || {
+        let mut file = std::fs::File::create(&path).unwrap();
+        let started = Instant::now();
+        for _ in 0..samples {
+            file.write_all(&[7u8; 512]).unwrap();
+            file.sync_data().unwrap();
+        }
+        let took = started.elapsed();
+        let _ = std::fs::remove_file(path);
+        took
+    })
+    .await
+    .unwrap();
+    took / samples as u32
+}
+
+/// (seconds, count) herald's store has spent on publishes so far.
+async fn publish_in_store(herald: &Herald) -> (f64, f64) {
+    let (name, label) = (
+        "herald_store_operation_duration_seconds",
+        "operation=\"publish\"",
+    );
+    (
+        herald.metric(&format!("{name}_sum"), label).await,
+        herald.metric(&format!("{name}_count"), label).await,
+    )
+}
+
 /// Publishes `count` events at `rate` per second, each at its own time (open loop), and
 /// returns each one's publish → arrival latency (from its first request, so a 429 and the
 /// wait it asks for count in).
@@ -400,7 +437,10 @@ fn main() {
         let bare_cpu = (cpu_seconds("self") - cpu) / events as f64;
 
         // herald, drain only: events stored while paused, then released.
-        let herald = Herald::start(&manifests(&receiver, true), &["--egress-allow", "127.0.0.0/8"]);
+        let herald = Herald::start(
+            &manifests(&receiver, true),
+            &["--egress-allow", "127.0.0.0/8", "--metrics-listen", "127.0.0.1:0"],
+        );
         publish_all(&herald.base, events, 0).await;
         let before = receiver.count();
         let started = Instant::now();
@@ -411,6 +451,7 @@ fn main() {
         // herald, end to end: publish and deliver at once.
         let herald_pid = herald.pid().expect("herald is running").to_string();
         let cpu = (cpu_seconds(&herald_pid), cpu_seconds("self"));
+        let in_store_before = publish_in_store(&herald).await;
         let before = receiver.count();
         let started = Instant::now();
         publish_all(&herald.base, events, events).await;
@@ -418,6 +459,11 @@ fn main() {
         let last = last_arrival(&receiver, "the end-to-end deliveries", before + events).await;
         let end_to_end = rate(events, last - started);
         let herald_cpu = (cpu_seconds(&herald_pid) - cpu.0) / events as f64;
+        let in_store = {
+            let ((seconds, count), (seconds0, count0)) =
+                (publish_in_store(&herald).await, in_store_before);
+            Duration::from_secs_f64((seconds - seconds0) / (count - count0).max(1.0))
+        };
         let generator_cpu = (cpu_seconds("self") - cpu.1) / events as f64;
         // The forwarder: the same publishes end to end, then one at a time, with no store.
         let forwarder = Forwarder::start(&receiver.url("/forwarded"));
@@ -456,6 +502,7 @@ fn main() {
         let mut after_burst =
             latency_spaced(&herald.base, &receiver, samples, Some(burst), 20_000_000).await;
         let mut fsync = fsync_spaced(&herald.dir, samples).await;
+        let fsync_in_a_row = fsync_back_to_back(&herald.dir, samples).await;
         let (q50, q99) = (percentile(&mut quiet, 0.50), percentile(&mut quiet, 0.99));
         let (b50, b99) = (
             percentile(&mut after_burst, 0.50),
@@ -519,6 +566,24 @@ fn main() {
         report
             .add("cpu.end_to_end.herald_budget", "CPU per event herald could spend at 0.6 × the forwarder's rate: the cores over that rate, less the load generator's CPU per event while it drove the forwarder", us(cores / (0.6 * forwarded) - forwarded_generator_cpu), "µs")
             .reference("herald's CPU per event end to end, same run", us(herald_cpu));
+        // Where the wait is: with every producer always waiting on one publish, a publish's
+        // round trip is the producers over the rate (Little's law). herald's adds the time a
+        // publish spends in the store (queued, its transaction, the commit and its sync) to
+        // what the forwarder does. A durable store waits at least one sync a publish.
+        let round_trip = |rate: f64| CONCURRENCY as f64 / rate;
+        let secs = |d: Duration| d.as_secs_f64();
+        report
+            .add("wait.end_to_end.round_trip", &format!("a publish's round trip during end to end ({CONCURRENCY} producers over the rate)"), ms(Duration::from_secs_f64(round_trip(end_to_end))), "ms")
+            .reference("the same through the store-less forwarder, same run", ms(Duration::from_secs_f64(round_trip(forwarded))));
+        report
+            .add("wait.end_to_end.in_store", "a publish's time in the store during end to end, mean (herald_store_operation_duration_seconds, operation publish: queued, run, committed and synced)", ms(in_store), "ms")
+            .reference("fdatasync of 512 bytes on the store's disk, back to back, mean, same run", ms(fsync_in_a_row));
+        report
+            .add("throughput.end_to_end_store_bound", "end to end if herald did the forwarder's work and waited for its store as it does: producers over (the forwarder's round trip + a publish's time in the store)", CONCURRENCY as f64 / (round_trip(forwarded) + secs(in_store)), "events/s")
+            .reference(forwarder_name, forwarded);
+        report
+            .add("throughput.end_to_end_sync_bound", "end to end if herald did the forwarder's work and its store waited for one sync only: producers over (the forwarder's round trip + one back-to-back fdatasync)", CONCURRENCY as f64 / (round_trip(forwarded) + secs(fsync_in_a_row)), "events/s")
+            .reference(forwarder_name, forwarded);
         report
             .add("latency.idle.p50", &format!("latency at idle, publish → arrival p50 ({} events one at a time)", thousands(samples)), ms(p50), "ms")
             .reference("bare POST round trip p50", ms(r50))
