@@ -568,8 +568,9 @@ fn main() {
             .reference("herald's CPU per event end to end, same run", us(herald_cpu));
         // Where the wait is: with every producer always waiting on one publish, a publish's
         // round trip is the producers over the rate (Little's law). herald's adds the time a
-        // publish spends in the store (queued, its transaction, the commit and its sync) to
-        // what the forwarder does. A durable store waits at least one sync a publish.
+        // publish spends in the store (queued, its transaction, the commit and its sync, and
+        // the wait for a runtime worker to take the answer: the metric times the whole call)
+        // to what the forwarder does. A durable store waits at least one sync a publish.
         let round_trip = |rate: f64| CONCURRENCY as f64 / rate;
         let secs = |d: Duration| d.as_secs_f64();
         report

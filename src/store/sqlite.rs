@@ -153,7 +153,7 @@ fn backend(e: rusqlite::Error) -> Error {
 /// Turns off SQLite's memory statistics, once per process and before its first connection
 /// (SQLite takes its settings only before it initialises). With them on, every allocation
 /// SQLite makes takes a process-wide mutex to count it: 4.8% of the store writer's CPU in a
-/// profile of the end-to-end benchmark, 1.1% without. herald never reads those statistics.
+/// profile of the end-to-end benchmark, 1.2% without. herald never reads those statistics.
 #[allow(unsafe_code)]
 fn configure_sqlite() {
     static ONCE: std::sync::Once = std::sync::Once::new();
