@@ -281,16 +281,7 @@ impl Herald {
             .metrics
             .as_ref()
             .expect("herald runs with --metrics-listen");
-        let text = self
-            .http
-            .get(format!("{url}/metrics"))
-            .send()
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap();
-        super::metric_sum(&text, name, labels)
+        super::scrape(&self.http, url, name, labels).await
     }
 
     /// The herald process's id, while it runs.

@@ -11,8 +11,22 @@ pub mod receiver;
 pub mod scale_out;
 pub mod tls;
 
+/// The sum of metric `name`'s series whose labels contain `labels`, scraped from
+/// `{base}/metrics`.
+pub async fn scrape(http: &reqwest::Client, base: &str, name: &str, labels: &str) -> f64 {
+    let text = http
+        .get(format!("{base}/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    metric_sum(&text, name, labels)
+}
+
 /// The sum of metric `name`'s series whose labels contain `labels`, in a /metrics text.
-pub fn metric_sum(text: &str, name: &str, labels: &str) -> f64 {
+fn metric_sum(text: &str, name: &str, labels: &str) -> f64 {
     text.lines()
         .filter(|l| l.starts_with(name) && l[name.len()..].starts_with(['{', ' ']))
         .filter(|l| l.contains(labels))

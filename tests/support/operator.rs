@@ -157,16 +157,7 @@ impl Operator {
 
     /// The sum of a metric's series whose labels contain `labels`, from /metrics.
     pub async fn metric(&self, name: &str, labels: &str) -> f64 {
-        let text = self
-            .http
-            .get(format!("{}/metrics", self.health))
-            .send()
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap();
-        super::metric_sum(&text, name, labels)
+        super::scrape(&self.http, &self.health, name, labels).await
     }
 
     /// A request to the ingest API with an optional bearer token; (status, JSON body).
