@@ -14,8 +14,9 @@
 //!   this harness, and herald's rate against it;
 //! - where end to end waits: a publish's round trip (the producers over the rate), its
 //!   mean time in the store (herald's own `herald_store_operation_duration_seconds`), and
-//!   the rates the forwarder's round trip plus that time, or plus one back-to-back
-//!   `fdatasync` on the store's disk, would allow;
+//!   the rates the forwarder's round trip plus that time, or plus one `fdatasync` on the
+//!   store's disk (back to back, or at the writer's pace: after its run of a group), would
+//!   allow;
 //! - latency at idle: one event at a time, from the start of the publish request to its
 //!   arrival at the receiver (p50, p99), against one bare POST round trip;
 //! - latency spaced 20 ms apart (the disk rests between events, as between a quiet
@@ -254,6 +255,39 @@ async fn fsync_back_to_back(dir: &std::path::Path, samples: usize) -> Duration {
     .await
     .unwrap();
     took / samples as u32
+}
+
+/// How long herald's store writer works between two syncs under end-to-end load: the run
+/// of one group of operations, 0.32–0.42 ms when timed inside the writer (an experiment,
+/// 7 December).
+const WRITER_RUN: Duration = Duration::from_micros(300);
+
+/// What a sync costs at the writer's pace: as [`fsync_back_to_back`], but each write and
+/// `fdatasync` (timed) follows [`WRITER_RUN`] of work (a busy wait) after the last sync
+/// returned. On some disks a sync soon after another is much cheaper than one after even a
+/// short pause (on this project's machine: 0.04 ms within 20 µs, 0.4–1 ms after 0.1 ms or
+/// more), so the back-to-back figure alone understates what the writer waits.
+async fn fsync_after_work(dir: &std::path::Path, samples: usize) -> Duration {
+    use std::io::Write;
+    let path = dir.join("fsync-probe-after-work");
+    tokio::task::spawn_blocking(move || {
+        let mut file = std::fs::File::create(&path).unwrap();
+        let mut syncing = Duration::ZERO;
+        for _ in 0..samples {
+            let worked = Instant::now();
+            while worked.elapsed() < WRITER_RUN {
+                std::hint::spin_loop();
+            }
+            let started = Instant::now();
+            file.write_all(&[7u8; 512]).unwrap();
+            file.sync_data().unwrap();
+            syncing += started.elapsed();
+        }
+        let _ = std::fs::remove_file(path);
+        syncing / samples as u32
+    })
+    .await
+    .unwrap()
 }
 
 /// (seconds, count) herald's store has spent on publishes so far.
@@ -503,6 +537,7 @@ fn main() {
             latency_spaced(&herald.base, &receiver, samples, Some(burst), 20_000_000).await;
         let mut fsync = fsync_spaced(&herald.dir, samples).await;
         let fsync_in_a_row = fsync_back_to_back(&herald.dir, samples).await;
+        let fsync_at_writer_pace = fsync_after_work(&herald.dir, samples).await;
         let (q50, q99) = (percentile(&mut quiet, 0.50), percentile(&mut quiet, 0.99));
         let (b50, b99) = (
             percentile(&mut after_burst, 0.50),
@@ -584,6 +619,13 @@ fn main() {
             .reference(forwarder_name, forwarded);
         report
             .add("throughput.end_to_end_sync_bound", "end to end if herald did the forwarder's work and its store waited for one sync only: producers over (the forwarder's round trip + one back-to-back fdatasync)", CONCURRENCY as f64 / (round_trip(forwarded) + secs(fsync_in_a_row)), "events/s")
+            .reference(forwarder_name, forwarded);
+        let pace = format!("{} ms", WRITER_RUN.as_secs_f64() * 1e3);
+        report
+            .add("wait.sync_at_writer_pace", &format!("fdatasync of 512 bytes on the store's disk, each after {pace} of work (as the store writer runs a group between its syncs), mean"), ms(fsync_at_writer_pace), "ms")
+            .reference("the same back to back, mean, same run", ms(fsync_in_a_row));
+        report
+            .add("throughput.end_to_end_paced_sync_bound", &format!("end to end if herald did the forwarder's work and its store waited for one sync only, synced at the writer's pace: producers over (the forwarder's round trip + one fdatasync after {pace} of work)"), CONCURRENCY as f64 / (round_trip(forwarded) + secs(fsync_at_writer_pace)), "events/s")
             .reference(forwarder_name, forwarded);
         report
             .add("latency.idle.p50", &format!("latency at idle, publish → arrival p50 ({} events one at a time)", thousands(samples)), ms(p50), "ms")
