@@ -236,46 +236,27 @@ async fn fsync_spaced(dir: &std::path::Path, samples: usize) -> Vec<Duration> {
     took
 }
 
-/// The least a durable publish waits for on this disk when syncs follow each other: the
-/// mean of `samples` writes of 512 bytes to a file in `dir`, each followed by `fdatasync`.
-async fn fsync_back_to_back(dir: &std::path::Path, samples: usize) -> Duration {
-    use std::io::Write;
-    let path = dir.join("fsync-probe-in-a-row");
-    let took = tokio::task::spawn_blocking(move || {
-        let mut file = std::fs::File::create(&path).unwrap();
-        let started = Instant::now();
-        for _ in 0..samples {
-            file.write_all(&[7u8; 512]).unwrap();
-            file.sync_data().unwrap();
-        }
-        let took = started.elapsed();
-        let _ = std::fs::remove_file(path);
-        took
-    })
-    .await
-    .unwrap();
-    took / samples as u32
-}
-
 /// How long herald's store writer works between two syncs under end-to-end load: the run
 /// of one group of operations, 0.32–0.42 ms when timed inside the writer (an experiment,
 /// 7 December).
 const WRITER_RUN: Duration = Duration::from_micros(300);
 
-/// What a sync costs at the writer's pace: as [`fsync_back_to_back`], but each write and
-/// `fdatasync` (timed) follows [`WRITER_RUN`] of work (a busy wait) after the last sync
-/// returned. On some disks a sync soon after another is much cheaper than one after even a
-/// short pause (on this project's machine: 0.04 ms within 20 µs, 0.4–1 ms after 0.1 ms or
-/// more), so the back-to-back figure alone understates what the writer waits.
-async fn fsync_after_work(dir: &std::path::Path, samples: usize) -> Duration {
+/// What a sync costs on this disk: the mean time of `samples` writes of 512 bytes to a
+/// file in `dir`, each followed by `fdatasync` and preceded by `pause` of work (a busy
+/// wait) after the last sync returned. With no pause, the least a durable publish waits
+/// when syncs follow each other; with [`WRITER_RUN`], a sync at the writer's pace. On some
+/// disks a sync soon after another is much cheaper than one after even a short pause (on
+/// this project's machine: 0.04 ms within 20 µs, 0.4–1 ms after 0.1 ms or more), so the
+/// back-to-back figure alone understates what the writer waits.
+async fn fsync_mean(dir: &std::path::Path, samples: usize, pause: Duration) -> Duration {
     use std::io::Write;
-    let path = dir.join("fsync-probe-after-work");
+    let path = dir.join("fsync-probe-in-a-row");
     tokio::task::spawn_blocking(move || {
         let mut file = std::fs::File::create(&path).unwrap();
         let mut syncing = Duration::ZERO;
         for _ in 0..samples {
             let worked = Instant::now();
-            while worked.elapsed() < WRITER_RUN {
+            while worked.elapsed() < pause {
                 std::hint::spin_loop();
             }
             let started = Instant::now();
@@ -536,8 +517,8 @@ fn main() {
         let mut after_burst =
             latency_spaced(&herald.base, &receiver, samples, Some(burst), 20_000_000).await;
         let mut fsync = fsync_spaced(&herald.dir, samples).await;
-        let fsync_in_a_row = fsync_back_to_back(&herald.dir, samples).await;
-        let fsync_at_writer_pace = fsync_after_work(&herald.dir, samples).await;
+        let fsync_in_a_row = fsync_mean(&herald.dir, samples, Duration::ZERO).await;
+        let fsync_at_writer_pace = fsync_mean(&herald.dir, samples, WRITER_RUN).await;
         let (q50, q99) = (percentile(&mut quiet, 0.50), percentile(&mut quiet, 0.99));
         let (b50, b99) = (
             percentile(&mut after_burst, 0.50),
